@@ -1,0 +1,67 @@
+"""Exceptions. The library raises these; only lab.cli turns them into a message and an exit code."""
+
+from __future__ import annotations
+
+
+class LabError(Exception):
+    """An error a user can act on. `str(err)` is one line; `hint` says what to do next."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, hint: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class UsageError(LabError):
+    """Bad input: configuration, arguments, unknown names. Nothing was created. Exit status 2."""
+
+    exit_code = 2
+
+
+class ConfigError(UsageError):
+    """lab.toml is wrong. The message names the file, the key and the value."""
+
+    def __init__(self, path: str, key: str, value: object, problem: str, hint: str | None = None):
+        self.path, self.key, self.value, self.problem = str(path), key, value, problem
+        shown = repr(value) if value is not None else "(missing)"
+        super().__init__(f"{path}: {key} = {shown}: {problem}", hint)
+
+
+class BackendError(LabError):
+    """A hypervisor refused or failed an operation."""
+
+
+class UnreachableError(UsageError):
+    """A host, API or guest could not be reached at all (before anything was created)."""
+
+
+class AuthError(UsageError):
+    """Credentials were refused or lack a privilege. Never includes the secret."""
+
+
+class CommandError(LabError):
+    """A subprocess exited non-zero (or a guest command failed)."""
+
+    def __init__(self, argv: list[str], returncode: int, stdout: str, stderr: str, what: str | None = None):
+        self.argv, self.returncode, self.stdout, self.stderr = argv, returncode, stdout, stderr
+        tail = (stderr or stdout).strip().splitlines()[-3:]
+        name = what or argv[0]
+        detail = " | ".join(tail) if tail else "no output"
+        super().__init__(f"{name} exited with status {returncode}: {detail}")
+
+
+class TimeoutError_(LabError):
+    """A bounded wait ran out. The message says what was awaited and for how long."""
+
+
+class VerificationError(LabError):
+    """A guest does not match what the cell asked for; the cell is not measured."""
+
+
+class TeardownError(LabError):
+    """Something created could not be removed. Always loud."""

@@ -1,0 +1,126 @@
+"""Small frozen records shared by every part of the lab. No behaviour, no I/O."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+class NicModel(enum.StrEnum):
+    VIRTIO = "virtio"
+    E1000 = "e1000"
+    E1000E = "e1000e"
+    RTL8139 = "rtl8139"
+    VMXNET3 = "vmxnet3"
+
+
+class DiskBus(enum.StrEnum):
+    VIRTIO = "virtio"
+    SCSI = "scsi"
+    SATA = "sata"
+    IDE = "ide"
+    NVME = "nvme"
+
+
+class CloneKind(enum.StrEnum):
+    LINKED = "linked"
+    FULL = "full"
+
+
+class Accel(enum.StrEnum):
+    KVM = "kvm"
+    TCG = "tcg"
+
+
+class CellStatus(enum.StrEnum):
+    PENDING = "pending"
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+    NA = "n/a"  # a knob cannot apply on that OS/NIC
+
+
+@dataclass(frozen=True)
+class ImageRef:
+    """A golden image as the manifest describes it."""
+
+    name: str  # e.g. "debian12"
+    os: str  # e.g. "debian"; keys lab.osfacts
+    path: Path  # the qcow2 (local) or a backend-specific reference
+    digest: str  # recipe digest: changes when what goes into the image changes
+    sha256: str = ""  # of the built artifact
+    manifest: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+
+@dataclass(frozen=True)
+class VmSpec:
+    """What a cell asks a backend to create."""
+
+    name: str  # lab-<run>-<cell>: unique, carries the run id
+    run_id: str
+    cell_id: str
+    image: ImageRef
+    nic: NicModel
+    vcpus: int
+    memory_mib: int
+    disk_bus: DiskBus = DiskBus.VIRTIO
+    clone: CloneKind = CloneKind.LINKED
+    ip: str = ""  # static address the guest gets ("" = backend decides / DHCP)
+    mac: str = ""
+    expires_at: float = 0.0  # unix time after which `lab gc` may remove it
+    labels: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
+
+
+@dataclass
+class Vm:
+    """A machine a backend created. `handle` holds the backend's own identifiers."""
+
+    spec: VmSpec
+    backend: str
+    handle: dict[str, Any] = field(default_factory=dict)
+    address: str = ""
+    facts: dict[str, Any] = field(default_factory=dict)  # e.g. {"accel": "tcg"}
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+
+@dataclass(frozen=True)
+class Owned:
+    """Something a backend finds on its host that carries a lab run id (for `lab gc`)."""
+
+    backend: str
+    kind: str  # "vm", "disk", "tap", "netns", ...
+    name: str
+    run_id: str
+    expires_at: float = 0.0
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class RawOutput:
+    """What a workload run printed, stored before parsing so `lab reparse` can redo it."""
+
+    workload: str
+    command: str
+    stdout: str
+    stderr: str = ""
+    returncode: int = 0
+    started: float = 0.0
+    seconds: float = 0.0
+    params: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    extra: dict[str, str] = field(default_factory=dict, compare=False, hash=False)  # e.g. CPU snapshots
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One measured value. Everything a comparison needs travels in `labels`."""
+
+    metric: str  # e.g. "events_per_s", "throughput_mbit_s", "cpu_busy_pct"
+    value: float
+    unit: str
+    higher_is_better: bool | None  # None: informational (e.g. retransmits ambiguous)
+    labels: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)

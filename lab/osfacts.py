@@ -1,0 +1,94 @@
+"""Per-OS facts the rest of the lab needs, in one place: NIC device and driver names, how to set
+and read a sysctl, how to read CPU time, memory and CPU count, package names.
+
+OS differences live here (and in packer/ and templates/), never in backend x OS classes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from lab.errors import UsageError
+from lab.model import NicModel
+
+
+@dataclass(frozen=True)
+class OsFacts:
+    name: str
+    family: str  # "linux" | "freebsd" | "netbsd" | "openbsd"
+    nic_device: dict[NicModel, str]  # first NIC's device name per model
+    nic_driver: dict[NicModel, str]  # driver name as the guest reports it
+    packages: dict[str, str] = field(default_factory=dict)  # logical name -> package name
+    # Shell command printing one line of cumulative CPU ticks; parsed by lab.workloads.cpu.
+    cpu_ticks_cmd: str = "head -n1 /proc/stat"
+    ncpu_cmd: str = "nproc"
+    # Prints total usable memory in KiB.
+    mem_kib_cmd: str = "awk '/^MemTotal:/ {print $2}' /proc/meminfo"
+    # Prints the driver bound to the first NIC.
+    nic_driver_cmd: str = "basename $(readlink /sys/class/net/eth0/device/driver)"
+    sysctl_set: str = "sysctl -w {key}={value}"
+    sysctl_get: str = "sysctl -n {key}"
+
+    def device(self, nic: NicModel) -> str:
+        try:
+            return self.nic_device[nic]
+        except KeyError:
+            raise UsageError(f"{self.name} has no driver for NIC model {nic.value!r}") from None
+
+
+_LINUX_NIC = {NicModel.VIRTIO: "eth0", NicModel.E1000: "eth0", NicModel.E1000E: "eth0",
+              NicModel.RTL8139: "eth0", NicModel.VMXNET3: "eth0"}
+_LINUX_DRV = {NicModel.VIRTIO: "virtio_net", NicModel.E1000: "e1000", NicModel.E1000E: "e1000e",
+              NicModel.RTL8139: "8139cp", NicModel.VMXNET3: "vmxnet3"}
+
+_BSD_CPU = "sysctl -n kern.cp_time"
+
+OSES: dict[str, OsFacts] = {
+    "debian": OsFacts(
+        name="debian", family="linux", nic_device=_LINUX_NIC, nic_driver=_LINUX_DRV,
+        packages={"sysbench": "sysbench", "iperf3": "iperf3", "nginx": "nginx-light", "git": "git",
+                  "curl": "curl", "podman": "podman"},
+    ),
+    "alpine": OsFacts(
+        name="alpine", family="linux", nic_device=_LINUX_NIC, nic_driver=_LINUX_DRV,
+        packages={"sysbench": "sysbench", "iperf3": "iperf3", "nginx": "nginx", "git": "git",
+                  "curl": "curl", "podman": "podman"},
+    ),
+    "freebsd": OsFacts(
+        name="freebsd", family="freebsd",
+        nic_device={NicModel.VIRTIO: "vtnet0", NicModel.E1000: "em0", NicModel.E1000E: "em0"},
+        nic_driver={NicModel.VIRTIO: "vtnet", NicModel.E1000: "em", NicModel.E1000E: "em"},
+        packages={"sysbench": "sysbench", "iperf3": "iperf3", "nginx": "nginx", "git": "git",
+                  "curl": "curl", "podman": "podman-suite"},
+        cpu_ticks_cmd=_BSD_CPU, ncpu_cmd="sysctl -n hw.ncpu", mem_kib_cmd="echo $(( $(sysctl -n hw.physmem) / 1024 ))",
+        nic_driver_cmd="ifconfig -l | tr ' ' '\\n' | grep -v '^lo' | head -n1 | sed 's/[0-9]*$//'",
+        sysctl_set="sysctl {key}={value}",
+    ),
+    "netbsd": OsFacts(
+        name="netbsd", family="netbsd",
+        nic_device={NicModel.VIRTIO: "vioif0", NicModel.E1000: "wm0", NicModel.E1000E: "wm0"},
+        nic_driver={NicModel.VIRTIO: "vioif", NicModel.E1000: "wm", NicModel.E1000E: "wm"},
+        packages={"sysbench": "sysbench", "iperf3": "iperf3", "nginx": "nginx", "git": "git",
+                  "curl": "curl"},
+        cpu_ticks_cmd=_BSD_CPU, ncpu_cmd="sysctl -n hw.ncpu", mem_kib_cmd="echo $(( $(sysctl -n hw.physmem64) / 1024 ))",
+        nic_driver_cmd="ifconfig -l | tr ' ' '\\n' | grep -v '^lo' | head -n1 | sed 's/[0-9]*$//'",
+        sysctl_set="sysctl -w {key}={value}",
+    ),
+    "openbsd": OsFacts(
+        name="openbsd", family="openbsd",
+        nic_device={NicModel.VIRTIO: "vio0", NicModel.E1000: "em0", NicModel.E1000E: "em0"},
+        nic_driver={NicModel.VIRTIO: "vio", NicModel.E1000: "em", NicModel.E1000E: "em"},
+        packages={"sysbench": "sysbench", "iperf3": "iperf3", "nginx": "nginx", "git": "git",
+                  "curl": "curl"},
+        cpu_ticks_cmd=_BSD_CPU, ncpu_cmd="sysctl -n hw.ncpuonline", mem_kib_cmd="echo $(( $(sysctl -n hw.physmem) / 1024 ))",
+        nic_driver_cmd="ifconfig -l | tr ' ' '\\n' | grep -v '^lo' | grep -v enc | grep -v pflog | head -n1 | sed 's/[0-9]*$//'",
+        sysctl_set="sysctl {key}={value}",
+    ),
+}
+
+
+def facts(os_name: str) -> OsFacts:
+    try:
+        return OSES[os_name]
+    except KeyError:
+        raise UsageError(f"unknown OS {os_name!r}; known: {', '.join(sorted(OSES))}") from None
