@@ -27,11 +27,11 @@ apt:
 		apt-get update -qq && apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
 	fi
 
+# flock: two `make` at once (parallel shells, helpers) must not build one venv twice.
 $(VENV)/.installed: pyproject.toml
-	@test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install -q --upgrade pip
-	$(VENV)/bin/pip install -q -e '.[test,libvirt]'
-	@touch $@
+	@flock .venv.lock bash -c 'set -e; test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV); \
+		$(VENV)/bin/pip install -q --upgrade pip; \
+		$(VENV)/bin/pip install -q -e ".[test,libvirt]"; touch $@'
 
 venv: apt $(VENV)/.installed
 

@@ -1,0 +1,429 @@
+"""The command line. The only module that prints, reads argv and the environment, and exits.
+
+Exit status: 0 success, 1 a run or operation failed, 2 bad input (nothing was created),
+130 interrupted.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import shutil
+import signal
+import sys
+import time
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+
+from lab import __version__, config, images, plan, results, runner
+from lab.errors import LabError, UsageError
+from lab.store import Store
+
+# Tables are wide; a pipe or CI log gets a fixed width rather than 80 columns of wrapping.
+out = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
+err = Console(stderr=True, highlight=False)
+
+
+def _fmt(v: float | None) -> str:
+    if v is None:
+        return "–"
+    a = abs(v)
+    if a >= 1000:
+        return f"{v:,.0f}"
+    if a >= 100:
+        return f"{v:.1f}"
+    if a >= 1:
+        return f"{v:.2f}"
+    return f"{v:.3g}"
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(seconds)
+    return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
+
+
+# -- progress ----------------------------------------------------------------------------------
+
+class RichReporter:
+    """Live progress on a terminal: a bar over cells (M/N, elapsed, ETA) and the current stage."""
+
+    def __init__(self):
+        self.progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                 TextColumn("cells"), TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
+                                 TextColumn("{task.fields[stage]}"), console=err, transient=False)
+        self.task = None
+
+    def run_started(self, run_id, cells, estimate_s):
+        err.print(f"run [bold]{run_id}[/]: {len(cells)} cells, estimated {_duration(estimate_s)}")
+        self.progress.start()
+        self.task = self.progress.add_task(run_id, total=len(cells), stage="")
+
+    def cell_started(self, cell, position, total):
+        self.progress.update(self.task, stage=f"{cell.id} {cell.label}")
+
+    def stage(self, cell, stage, detail=""):
+        self.progress.update(self.task, stage=f"{cell.id} {stage} {detail}".rstrip())
+
+    def cell_finished(self, cell, status, error):
+        self.progress.advance(self.task)
+        style = {"done": "green", "n/a": "yellow"}.get(status, "red")
+        self.progress.console.print(f"  {cell.id} {cell.label}: [{style}]{status}[/]" + (f" ({error})" if error else ""))
+
+    def warn(self, message):
+        self.progress.console.print(f"  [yellow]warning:[/] {message}")
+
+    def close(self):
+        self.progress.stop()
+
+
+class PlainReporter:
+    """Progress as plain lines (CI logs, pipes): cell, stage, elapsed, ETA."""
+
+    def __init__(self):
+        self.start = time.monotonic()
+        self.done = 0
+        self.total = 0
+        self.estimate = 0.0
+
+    def _line(self, text):
+        elapsed = time.monotonic() - self.start
+        if self.done:
+            eta = elapsed / self.done * (self.total - self.done)
+        else:
+            eta = max(self.estimate - elapsed, 0)
+        err.print(f"[{_duration(elapsed)} elapsed, ETA {_duration(eta)}] {text}", markup=False)
+
+    def run_started(self, run_id, cells, estimate_s):
+        self.total, self.estimate = len(cells), estimate_s
+        self._line(f"run {run_id}: {len(cells)} cells, estimated {_duration(estimate_s)}")
+
+    def cell_started(self, cell, position, total):
+        self._line(f"cell {position}/{total} {cell.id} {cell.label}")
+
+    def stage(self, cell, stage, detail=""):
+        self._line(f"  {cell.id} {stage} {detail}".rstrip())
+
+    def cell_finished(self, cell, status, error):
+        self.done += 1
+        self._line(f"  {cell.id} {status}" + (f": {error}" if error else ""))
+
+    def warn(self, message):
+        self._line(f"  warning: {message}")
+
+    def close(self):
+        pass
+
+
+# -- common options ------------------------------------------------------------------------------
+
+config_option = click.option("-c", "--config", "config_path", default="lab.toml", show_default=True,
+                             type=click.Path(dir_okay=False), help="the lab description")
+results_option = click.option("--results", "results_dir", default=None, type=click.Path(file_okay=False),
+                              help="results directory (default: [lab] results in lab.toml)")
+
+
+def _store(config_path: str, results_dir: str | None) -> Store:
+    if results_dir:
+        return Store(Path(results_dir))
+    if Path(config_path).exists():
+        return Store(config.load(config_path).results_dir)
+    return Store(Path("results"))
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="lab")
+def cli():
+    """lab: clean VMs from golden images, one knob at a time, measured and compared."""
+
+
+@cli.command("plan")
+@config_option
+def plan_cmd(config_path):
+    """Show the matrix cells, what will be created, and an estimate of time."""
+    cfg = config.load(config_path)
+    cells = plan.cells(cfg)
+    table = Table(title=f"{cfg.lab.name}: {len(cells)} cells", show_lines=False)
+    for col in ("cell", "host", "image", "nic", "vcpus", "memory", "disk", "clone", "tuning"):
+        table.add_column(col)
+    for c in cells:
+        table.add_row(c.id, c.host, c.image, c.nic.value, str(c.vcpus), f"{c.memory_mib} MiB", c.disk_bus.value,
+                      c.clone.value, c.tuning)
+    out.print(table)
+    backends = {cfg.hosts[h].backend for h in {c.host for c in cells}}
+    reps = cfg.suite.repetitions
+    out.print(f"creates: {len(cells)} VM(s), one at a time, each destroyed after its cell "
+              f"(backends: {', '.join(sorted(backends))}); the local backend also makes one network namespace")
+    out.print(f"workloads: {', '.join(cfg.suite.workloads)} × {reps} repetitions (+{cfg.suite.warmup} warm-up)")
+    out.print(f"estimated time: {_duration(runner.estimate_seconds(cfg, cells))}")
+
+
+def _install_signal_handlers():
+    def handler(signum, frame):
+        # The first signal starts an orderly teardown; more signals must not cut it short.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        raise runner.Interrupted(signal.Signals(signum).name)
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+
+
+@cli.command("run")
+@config_option
+@click.option("--run-id", default=None, help="use this run id (default: random)")
+def run_cmd(config_path, run_id):
+    """Clone -> boot -> verify -> tune -> workloads -> destroy, cell by cell. Results are saved."""
+    cfg = config.load(config_path)
+    text = Path(config_path).read_text()
+    prepared = runner.prepare(cfg)  # every check that can fail before anything is created
+    store = Store(cfg.results_dir)
+    reporter = RichReporter() if err.is_terminal else PlainReporter()
+    _install_signal_handlers()
+    try:
+        rid = runner.run_lab(cfg, store, reporter, run_id=run_id, config_text=text, prepared=prepared)
+    finally:
+        reporter.close()
+    _print_show(store, store.run(rid))
+    failed = [c for c in store.cells(rid) if c.status == "failed"]
+    if failed:
+        err.print(f"{len(failed)} of {len(store.cells(rid))} cells failed; see `lab show {rid}`")
+        sys.exit(1)
+
+
+@cli.command("ls")
+@config_option
+@results_option
+def ls_cmd(config_path, results_dir):
+    """List stored runs."""
+    store = _store(config_path, results_dir)
+    table = Table()
+    for col in ("run", "name", "started", "duration", "status", "cells", "samples"):
+        table.add_column(col)
+    for r in store.runs():
+        cells = store.cells(r.id)
+        done = sum(1 for c in cells if c.status == "done")
+        dur = _duration((r.finished_at or time.time()) - r.started_at)
+        table.add_row(r.id, r.name, time.strftime("%Y-%m-%d %H:%M", time.localtime(r.started_at)), dur, r.status,
+                      f"{done}/{len(cells)}", str(len(store.samples(r.id))))
+    out.print(table)
+
+
+def _print_show(store: Store, run, everything: bool = False) -> None:
+    cells = store.cells(run.id)
+    all_series = results.series(store.samples(run.id), cells)
+    rows = results.show_rows(all_series, everything=everything)
+    short = results.short_labels([c.label for c in cells])
+    out.print(f"run [bold]{run.id}[/] ({run.name}), {run.status}")
+    for c in cells:
+        if c.status != "done":
+            out.print(f"  {c.cell_id} {c.label}: [red]{c.status}[/]" + (f" at {c.stage}: {c.error}" if c.error else ""))
+    by_wl: dict[str, list] = {}
+    for row in rows:
+        by_wl.setdefault(row.workload, []).append(row)
+    for wl, wrows in by_wl.items():
+        table = Table(title=wl, title_justify="left")
+        for col in ("cell", "metric", "median", "min–max", "n", "CPU busy %"):
+            table.add_column(col, justify="right" if col not in ("cell", "metric") else "left")
+        for r in wrows:
+            metric = f"{r.metric} ({r.unit}) {r.direction}".rstrip()
+            flag = f" [red]⚑{r.flagged}[/]" if r.flagged else ""
+            table.add_row(short.get(r.cell, r.cell), metric, _fmt(r.median) + flag, f"{_fmt(r.low)}–{_fmt(r.high)}",
+                          str(r.n), _fmt(r.cpu_busy))
+        out.print(table)
+
+
+@cli.command("show")
+@click.argument("run_ref", default="latest")
+@config_option
+@results_option
+@click.option("--json", "as_json", is_flag=True, help="every sample as JSON")
+@click.option("--csv", "as_csv", is_flag=True, help="every sample as CSV")
+@click.option("--all", "everything", is_flag=True, help="also CPU breakdowns and zero error counters")
+def show_cmd(run_ref, config_path, results_dir, as_json, as_csv, everything):
+    """The results of one run: a table per workload (median, min–max, n, guest CPU busy %)."""
+    store = _store(config_path, results_dir)
+    run = store.run(run_ref)
+    if as_json or as_csv:
+        cells = {c.cell_id: c for c in store.cells(run.id)}
+        rows = [{"run": s.run_id, "cell": s.cell_id, "cell_label": cells[s.cell_id].label if s.cell_id in cells else "",
+                 "workload": s.workload, "metric": s.metric, "value": s.value, "unit": s.unit,
+                 "higher_is_better": s.higher_is_better, "repetition": s.repetition,
+                 "labels": s.labels} for s in store.samples(run.id)]
+        if as_json:
+            click.echo(json.dumps({"run": run.__dict__, "cells": [c.__dict__ for c in cells.values()],
+                                   "samples": rows}, indent=2, default=str))
+        else:
+            buf = io.StringIO()
+            w = csv.DictWriter(buf, fieldnames=list(rows[0].keys()) if rows else ["run"])
+            w.writeheader()
+            for r in rows:
+                w.writerow({**r, "labels": json.dumps(r["labels"], sort_keys=True)})
+            click.echo(buf.getvalue(), nl=False)
+        return
+    _print_show(store, run, everything)
+
+
+@cli.command("compare")
+@click.argument("run_a")
+@click.argument("run_b")
+@config_option
+@results_option
+@click.option("--json", "as_json", is_flag=True)
+def compare_cmd(run_a, run_b, config_path, results_dir, as_json):
+    """Two runs side by side: the same cells, ratio of medians (B/A), and a verdict per metric."""
+    from lab import compare as compare_mod
+
+    store = _store(config_path, results_dir)
+    ra, rb = store.run(run_a), store.run(run_b)
+    sides = []
+    for r in (ra, rb):
+        sides.append({s.key: compare_mod.MetricSeries(list(s.values), s.unit, s.higher_is_better)
+                      for s in results.series(store.samples(r.id), store.cells(r.id))
+                      if s.metric != results.CPU_METRIC})
+    rows = compare_mod.compare(sides[0], sides[1])
+    if as_json:
+        click.echo(json.dumps([r.__dict__ for r in rows], indent=2, default=str))
+        return
+    table = Table(title=f"A = {ra.id}   B = {rb.id}", title_justify="left")
+    for col in ("cell", "workload", "metric", "median A", "median B", "B/A", "95 % CI", "p", "verdict"):
+        table.add_column(col, justify="left" if col in ("cell", "workload", "metric", "verdict") else "right")
+    short = results.short_labels(sorted({r.key[0] for r in rows}))
+    for r in rows:
+        cell, wl, metric = r.key
+        ci = f"{_fmt(r.ratio_ci[0])}–{_fmt(r.ratio_ci[1])}" if r.ratio_ci else "–"
+        style = {"better": "green", "worse": "red"}.get(r.verdict, "")
+        table.add_row(short.get(cell, cell), wl, f"{metric} ({r.unit})", _fmt(r.median_a), _fmt(r.median_b),
+                      _fmt(r.ratio), ci, _fmt(r.p_value), f"[{style}]{r.verdict}[/]" if style else r.verdict)
+    out.print(table)
+
+
+@cli.command("reparse")
+@click.argument("run_ref")
+@config_option
+@results_option
+def reparse_cmd(run_ref, config_path, results_dir):
+    """Rebuild a run's samples from its stored raw outputs (after a parser fix)."""
+    store = _store(config_path, results_dir)
+    run = store.run(run_ref)
+    n = runner.reparse(store, run.id)
+    out.print(f"run {run.id}: {n} samples rebuilt from raw outputs")
+
+
+@cli.command("gc")
+@config_option
+@click.option("--dry-run", is_flag=True, help="list what would be removed")
+def gc_cmd(config_path, dry_run):
+    """Destroy anything a crashed or killed run left behind (VMs, disks, taps, namespaces)."""
+    from lab import gc as gc_mod
+
+    cfg = config.load(config_path) if Path(config_path).exists() else config.parse({}, config_path)
+    report = gc_mod.collect(cfg, dry_run=dry_run)
+    for line in report.lines:
+        out.print(line, markup=False)
+    verb = "would remove" if dry_run else "removed"
+    out.print(f"gc: {verb} {report.removed}, kept {report.kept} (owned by live runs)"
+              + (f", {len(report.errors)} errors" if report.errors else ""))
+    if report.errors:
+        for e in report.errors:
+            err.print(f"gc: {e}", markup=False)
+        sys.exit(1)
+
+
+@cli.command("doctor")
+@config_option
+def doctor_cmd(config_path):
+    """Check prerequisites: QEMU, KVM usable or not, Packer, netns rights, disk space, images."""
+    from lab import doctor
+
+    checks = doctor.run_checks(config_path)
+    table = Table()
+    for col in ("check", "status", "detail"):
+        table.add_column(col)
+    for c in checks:
+        style = {"ok": "green", "warn": "yellow", "fail": "red"}[c.status]
+        table.add_row(c.name, f"[{style}]{c.status}[/]", c.detail)
+    out.print(table)
+    if any(c.status == "fail" for c in checks):
+        sys.exit(1)
+
+
+@cli.command("snapshot")
+@click.argument("host", default="local")
+@config_option
+@click.option("--json", "as_json", is_flag=True)
+def snapshot_cmd(host, config_path, as_json):
+    """Fingerprint of a host: CPU, microcode, kernel, hypervisor versions, mitigations."""
+    from lab import hostinfo
+
+    cfg = config.load(config_path) if Path(config_path).exists() else config.parse({}, config_path)
+    if host not in cfg.hosts:
+        raise UsageError(f"{config_path}: no host {host!r}; defined hosts: {', '.join(sorted(cfg.hosts))}")
+    backend = runner.build_backends(cfg, {host})[host]
+    facts = hostinfo.snapshot(host, backend)
+    facts["fingerprint"] = hostinfo.fingerprint(facts)
+    if as_json:
+        click.echo(json.dumps(facts, indent=2, sort_keys=True, default=str))
+        return
+    table = Table(title=f"host {host}")
+    table.add_column("fact")
+    table.add_column("value")
+    for k, v in facts.items():
+        if isinstance(v, dict):
+            v = "; ".join(f"{a}: {b}" for a, b in v.items())
+        table.add_row(k, str(v))
+    out.print(table)
+
+
+@cli.group("images")
+def images_cmd():
+    """Golden images: build and list."""
+
+
+@images_cmd.command("build")
+@click.argument("name", default="debian12")
+@click.option("--force", is_flag=True, help="rebuild even if the recipe is unchanged")
+def images_build(name, force):
+    started = time.monotonic()
+    ref = images.build(name, force=force, progress=lambda stage: err.print(
+        f"[{_duration(time.monotonic() - started)}] {name}: {stage}", markup=False))
+    out.print(f"{ref.name}: {ref.path} (recipe {ref.digest[:12]}, sha256 {ref.sha256[:12]})", markup=False)
+
+
+@images_cmd.command("ls")
+def images_ls():
+    table = Table()
+    for col in ("image", "os", "recipe", "sha256", "built", "tools"):
+        table.add_column(col)
+    for ref in images.list_images():
+        m = ref.manifest
+        built = m.get("built_at", "")
+        tools = ", ".join(f"{k} {v}" for k, v in sorted(m.get("tools", {}).items()))
+        table.add_row(ref.name, ref.os, ref.digest[:12], ref.sha256[:12], str(built), tools)
+    out.print(table)
+
+
+def main(argv: list[str] | None = None) -> None:
+    try:
+        cli.main(args=argv, prog_name="lab", standalone_mode=False)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(2)
+    except click.exceptions.Abort:
+        err.print("lab: aborted")
+        sys.exit(130)
+    except runner.Interrupted as exc:
+        err.print(f"lab: interrupted ({exc}); every VM created was destroyed", markup=False)
+        sys.exit(130)
+    except LabError as exc:
+        # One line: what is wrong (file, key, value) and, if known, what to do.
+        hint = f" (hint: {exc.hint})" if exc.hint else ""
+        err.print(f"lab: error: {exc}{hint}", markup=False, soft_wrap=True)
+        sys.exit(exc.exit_code)

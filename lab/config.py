@@ -1,0 +1,329 @@
+"""lab.toml -> typed, frozen records. All defaults and all validation live here.
+
+Every error names the file, the key and the value, on one line (ConfigError, exit status 2).
+Secrets stay references ("env:NAME", "file:/path") in the records; resolve_secret() reads them
+only when a backend is built, and never puts the value in an error.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from lab.errors import ConfigError
+from lab.model import CloneKind, DiskBus, NicModel
+
+# Known golden images and the OS each one is. Building them is lab.images' business.
+KNOWN_IMAGES: dict[str, str] = {
+    "debian12": "debian",
+    "alpine3": "alpine",
+    "freebsd14": "freebsd",
+    "netbsd10": "netbsd",
+    "openbsd7": "openbsd",
+}
+
+SECRET_KEYS = ("token", "password")
+MAX_VCPUS = 128
+MIN_MEMORY_MIB, MAX_MEMORY_MIB = 256, 1024 * 1024
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=False)
+
+
+class LabSection(_Strict):
+    name: str = "lab"
+    results: str = "results"  # directory holding lab.db and raw artefacts, relative to lab.toml
+    lease_minutes: int = Field(default=120, ge=1, le=7 * 24 * 60)
+
+
+class LocalHost(_Strict):
+    backend: Literal["local"]
+    accel: Literal["auto", "kvm", "tcg"] = "auto"
+    workdir: str = "/var/tmp/lab"  # clones, pidfiles, consoles; shared by runs so `lab gc` finds them
+    subnet: str = "10.77.0"  # /24 inside the run's own network namespace
+    boot_timeout: float = Field(default=240.0, gt=0, le=3600)
+
+
+class ProxmoxHost(_Strict):
+    backend: Literal["proxmox"]
+    url: str
+    node: str
+    storage: str = "local-lvm"
+    bridge: str = "vmbr0"
+    template: str | int = "lab-debian12"
+    token: str | None = None  # "env:NAME" or "file:/path", never the secret itself
+    user: str | None = None
+    password: str | None = None  # "env:NAME" or "file:/path"
+    verify_tls: bool = True
+    ca_file: str | None = None
+    concurrency: int = Field(default=2, ge=1, le=32)
+    client_address: str = ""
+    gateway: str = ""
+    subnet_prefix: int = Field(default=24, ge=8, le=30)
+    addresses: list[str] = []
+
+    @field_validator("url")
+    @classmethod
+    def _https(cls, v: str) -> str:
+        if not v.startswith(("https://", "http://")):
+            raise ValueError("must be an https:// URL such as https://pve1.example:8006")
+        return v
+
+    @field_validator("token", "password")
+    @classmethod
+    def _secret_ref(cls, v: str | None) -> str | None:
+        if v is not None and not v.startswith(("env:", "file:")):
+            raise ValueError('must be a reference "env:NAME" or "file:/path", never the secret itself')
+        return v
+
+
+class LibvirtHost(_Strict):
+    backend: Literal["libvirt"]
+    uri: str
+    dataset: str | None = None  # ZFS dataset for clones on bhyve hosts
+    pool_dir: str = "/var/lib/libvirt/images/lab"
+    bridge: str = "virbr0"
+    firmware: Literal["uefi", "bhyveload"] = "uefi"
+    ssh: str | None = None  # how to reach a bhyve host for zfs/arp (e.g. root@bsd1)
+    client_address: str = ""
+
+    @field_validator("uri")
+    @classmethod
+    def _uri(cls, v: str) -> str:
+        if "://" not in v:
+            raise ValueError("must be a libvirt URI such as bhyve+ssh://root@bsd1/system or qemu:///system")
+        return v
+
+
+HostConfig = Annotated[Union[LocalHost, ProxmoxHost, LibvirtHost], Field(discriminator="backend")]
+
+
+class MatrixSection(_Strict):
+    host: list[str] = ["local"]
+    image: list[str] = ["debian12"]
+    nic: list[NicModel] = [NicModel.VIRTIO]
+    vcpus: list[Annotated[int, Field(ge=1, le=MAX_VCPUS)]] = [2]
+    memory_mib: list[Annotated[int, Field(ge=MIN_MEMORY_MIB, le=MAX_MEMORY_MIB)]] = [1024]
+    disk_bus: list[DiskBus] = [DiskBus.VIRTIO]
+    clone: list[CloneKind] = [CloneKind.LINKED]
+    tuning: list[str] = ["default"]
+    exclude: list[dict[str, Any]] = []
+
+    @field_validator("host", "image", "nic", "vcpus", "memory_mib", "disk_bus", "clone", "tuning")
+    @classmethod
+    def _non_empty_unique(cls, v: list) -> list:
+        if not v:
+            raise ValueError("must list at least one value")
+        if len(set(v)) != len(v):
+            raise ValueError("lists a value twice")
+        return v
+
+
+AXES = ("host", "image", "nic", "vcpus", "memory_mib", "disk_bus", "clone", "tuning")
+
+
+class SuiteSection(_Strict):
+    workloads: list[str] = ["sysbench-cpu", "iperf3-tcp"]
+    repetitions: int = Field(default=3, ge=1, le=1000)
+    warmup: int = Field(default=1, ge=0, le=100)
+    order: Literal["sequential", "random"] = "sequential"
+    seed: int | None = None
+    params: dict[str, dict[str, Any]] = {}
+
+
+class LabConfig(_Strict):
+    lab: LabSection = LabSection()
+    hosts: dict[str, HostConfig] = {"local": LocalHost(backend="local")}
+    matrix: MatrixSection = MatrixSection()
+    suite: SuiteSection = SuiteSection()
+    # Where the file was read from; relative paths in it are relative to its folder.
+    source: str = Field(default="lab.toml", exclude=True)
+
+    @property
+    def base_dir(self) -> Path:
+        return Path(self.source).resolve().parent
+
+    @property
+    def results_dir(self) -> Path:
+        p = Path(self.lab.results)
+        return p if p.is_absolute() else self.base_dir / p
+
+
+def _loc(loc: tuple) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            # pydantic names union members by their tag, e.g. hosts.pve1.proxmox.url
+            if part in ("local", "proxmox", "libvirt") and out.startswith("hosts.") and out.count(".") == 1:
+                continue
+            out += ("." if out else "") + str(part)
+    return out
+
+
+def _dig(data: Any, loc: tuple) -> Any:
+    cur = data
+    for part in loc:
+        try:
+            cur = cur[part]
+        except (KeyError, IndexError, TypeError):
+            return None
+    return cur
+
+
+def load(path: str | os.PathLike) -> LabConfig:
+    """Read and validate a lab.toml. Raises ConfigError (one line, exit 2) on any problem."""
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise ConfigError(str(path), "(file)", None, "no such file",
+                          hint="pass -c PATH or create lab.toml") from None
+    except OSError as exc:
+        raise ConfigError(str(path), "(file)", None, f"cannot read: {exc.strerror}") from None
+    try:
+        data = tomllib.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise ConfigError(str(path), "(file)", None, "is not UTF-8 text") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(str(path), "(syntax)", None, f"invalid TOML: {exc}") from None
+    return parse(data, str(path))
+
+
+def parse(data: dict[str, Any], source: str = "lab.toml") -> LabConfig:
+    # The local backend is always there unless the file defines its own "local".
+    if isinstance(data.get("hosts", {}), dict) and "local" not in data.get("hosts", {}):
+        data = {**data, "hosts": {"local": {"backend": "local"}, **data.get("hosts", {})}}
+    try:
+        cfg = LabConfig.model_validate({**data, "source": source}) if "source" not in data else None
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+        # Pydantic reports the union tag inside the path for hosts.<name>; show the user's key.
+        user_loc = tuple(p for i, p in enumerate(loc)
+                         if not (i == 2 and loc[0] == "hosts" and p in ("local", "proxmox", "libvirt")))
+        value = _dig(data, user_loc) if err["type"] != "missing" else None
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            msg = "unknown key"
+        elif err["type"] == "union_tag_invalid":
+            msg = "unknown backend; expected one of: local, proxmox, libvirt"
+            user_loc = user_loc + ("backend",)
+            value = _dig(data, user_loc)
+        elif err["type"] == "union_tag_not_found":
+            msg = "missing backend; expected one of: local, proxmox, libvirt"
+            user_loc = user_loc + ("backend",)
+        if user_loc and user_loc[-1] in SECRET_KEYS:
+            value = "<redacted>"  # a secret pasted in place of a reference is never echoed
+        elif isinstance(value, (dict, list)) and err["type"] != "list_type":
+            value = "{…}" if isinstance(value, dict) else "[…]"
+        more = len(exc.errors()) - 1
+        if more:
+            msg += f" (and {more} more problem{'s' if more > 1 else ''})"
+        raise ConfigError(source, _loc(user_loc) or "(top level)", value, msg) from None
+    if cfg is None:
+        raise ConfigError(source, "source", data["source"], "unknown key")
+    _check_references(cfg, data)
+    return cfg
+
+
+def _check_references(cfg: LabConfig, data: dict[str, Any]) -> None:
+    """Cross-field checks pydantic cannot express per field."""
+    src = cfg.source
+    for i, host in enumerate(cfg.matrix.host):
+        if host not in cfg.hosts:
+            raise ConfigError(src, f"matrix.host[{i}]", host,
+                              f"no such host; defined hosts: {', '.join(sorted(cfg.hosts)) or 'none'}")
+    for i, image in enumerate(cfg.matrix.image):
+        if image not in KNOWN_IMAGES:
+            raise ConfigError(src, f"matrix.image[{i}]", image,
+                              f"unknown image; known images: {', '.join(KNOWN_IMAGES)}")
+    for name, host in cfg.hosts.items():
+        if isinstance(host, ProxmoxHost) and not host.token and not (host.user and host.password):
+            raise ConfigError(src, f"hosts.{name}.token", None,
+                              'Proxmox needs token = "env:NAME" (an API token), or user and password')
+        if name not in cfg.matrix.host:
+            continue
+        supported = backend_nic_models(host.backend)
+        for i, nic in enumerate(cfg.matrix.nic):
+            if nic not in supported:
+                raise ConfigError(src, f"matrix.nic[{i}]", nic.value,
+                                  f"the {host.backend} backend of host {name!r} cannot emulate this NIC; "
+                                  f"it can: {', '.join(sorted(m.value for m in supported))}")
+    from lab import tuning as tuning_mod  # profiles are templates; late import keeps config light
+
+    known_profiles = tuning_mod.profiles()
+    for i, prof in enumerate(cfg.matrix.tuning):
+        if prof not in known_profiles:
+            raise ConfigError(src, f"matrix.tuning[{i}]", prof,
+                              f"unknown tuning profile; known: {', '.join(sorted(known_profiles))}")
+    for i, ex in enumerate(cfg.matrix.exclude):
+        for key, val in ex.items():
+            if key not in AXES:
+                raise ConfigError(src, f"matrix.exclude[{i}].{key}", val,
+                                  f"unknown axis; axes: {', '.join(AXES)}")
+    from lab import plan
+
+    if not plan.cells(cfg):
+        raise ConfigError(src, "matrix.exclude", cfg.matrix.exclude, "excludes every cell; nothing to run")
+    from lab.workloads import load_all
+
+    known = load_all()
+    for i, wl in enumerate(cfg.suite.workloads):
+        if wl not in known:
+            raise ConfigError(src, f"suite.workloads[{i}]", wl,
+                              f"unknown workload; known: {', '.join(sorted(known))}")
+    if len(set(cfg.suite.workloads)) != len(cfg.suite.workloads):
+        raise ConfigError(src, "suite.workloads", cfg.suite.workloads, "lists a workload twice")
+    for wl, params in cfg.suite.params.items():
+        if wl not in known:
+            raise ConfigError(src, f"suite.params.{wl}", params,
+                              f"unknown workload; known: {', '.join(sorted(known))}")
+        defaults = getattr(known[wl], "defaults", {})
+        for key, val in params.items():
+            if key not in defaults:
+                raise ConfigError(src, f"suite.params.{wl}.{key}", val,
+                                  f"unknown parameter; {wl} takes: {', '.join(sorted(defaults)) or 'none'}")
+            want = type(defaults[key])
+            if defaults[key] is not None and not isinstance(val, want) and not (want is float and isinstance(val, int)):
+                raise ConfigError(src, f"suite.params.{wl}.{key}", val, f"must be {want.__name__}")
+
+
+def backend_nic_models(backend: str) -> frozenset[NicModel]:
+    """NIC models each backend can emulate (checked at plan time, before anything is created)."""
+    return {
+        "local": frozenset({NicModel.VIRTIO, NicModel.E1000, NicModel.E1000E, NicModel.RTL8139,
+                            NicModel.VMXNET3}),
+        "proxmox": frozenset({NicModel.VIRTIO, NicModel.E1000, NicModel.E1000E, NicModel.RTL8139,
+                              NicModel.VMXNET3}),
+        # bhyve emulates virtio-net and e1000 only; libvirt on QEMU hosts could do more, but one
+        # backend answers for both drivers here (see lab.backends.libvirt for the per-URI check).
+        "libvirt": frozenset({NicModel.VIRTIO, NicModel.E1000}),
+    }[backend]
+
+
+def resolve_secret(ref: str | None, source: str, key: str) -> str | None:
+    """Read a secret from "env:NAME" or "file:/path". Errors name the reference, never a value."""
+    if ref is None:
+        return None
+    kind, _, where = ref.partition(":")
+    if kind == "env":
+        value = os.environ.get(where)
+        if not value:
+            raise ConfigError(source, key, ref, f"environment variable {where} is not set")
+        return value.strip()
+    if kind == "file":
+        try:
+            value = Path(where).expanduser().read_text().strip()
+        except OSError as exc:
+            raise ConfigError(source, key, ref, f"cannot read secret file: {exc.strerror}") from None
+        if not value:
+            raise ConfigError(source, key, ref, "secret file is empty")
+        return value
+    raise ConfigError(source, key, ref, 'must be "env:NAME" or "file:/path"')

@@ -1,0 +1,81 @@
+"""`lab doctor`: are the prerequisites of a lab here? Each check says ok, warn or fail and why."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from lab import IMAGES_DIR, config, proc
+from lab.errors import LabError
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    status: str  # ok | warn | fail
+    detail: str
+
+
+def _tool(name: str, version_args: list[str], needed_for: str, required: bool = True) -> Check:
+    path = shutil.which(name)
+    if not path:
+        return Check(name, "fail" if required else "warn", f"not installed (needed for {needed_for}); run `make setup`")
+    try:
+        res = proc.run([name, *version_args], timeout=15, check=False)
+        first = (res.stdout or res.stderr).strip().splitlines()
+        return Check(name, "ok", first[0][:80] if first else path)
+    except LabError as exc:
+        return Check(name, "warn", str(exc))
+
+
+def run_checks(config_path: str) -> list[Check]:
+    checks = [
+        _tool("qemu-system-x86_64", ["--version"], "the local backend"),
+        _tool("qemu-img", ["--version"], "clones"),
+        _tool("packer", ["version"], "building golden images"),
+        _tool("mmdebstrap", ["--version"], "building the Debian image"),
+        _tool("ssh", ["-V"], "talking to guests"),
+        _tool("iperf3", ["--version"], "the iperf3 workloads (client side)"),
+        _tool("wrk", ["--version"], "the http/https workloads (client side)", required=False),
+    ]
+    # KVM: present is not usable; the verdict of the last real boot probe is cached by the backend.
+    kvm = os.path.exists("/dev/kvm")
+    from lab.backends.local import KVM_PROBE_CACHE as probe
+
+    detail = "/dev/kvm present" if kvm else "/dev/kvm absent: TCG only"
+    if probe.exists():
+        import json
+
+        try:
+            detail += f"; last boot probe: {json.loads(probe.read_text())['accel']}"
+        except (ValueError, KeyError):
+            pass
+    else:
+        detail += "; not probed yet (the first `lab run` boots a kernel under KVM to find out)"
+    checks.append(Check("kvm", "ok" if kvm else "warn", detail))
+    # Network namespaces need root (CAP_NET_ADMIN); try one for real.
+    ns = f"lab-doctor-{os.getpid()}"
+    res = proc.run(["ip", "netns", "add", ns], check=False)
+    if res.ok:
+        proc.run(["ip", "netns", "del", ns], check=False)
+        checks.append(Check("netns", "ok", "can create network namespaces, bridges and taps"))
+    else:
+        checks.append(Check("netns", "fail", f"cannot create a network namespace: {res.stderr.strip()} (run as root)"))
+    for where in (Path("/var/tmp"), Path.cwd()):
+        free = shutil.disk_usage(where).free / 2**30
+        checks.append(Check(f"disk {where}", "ok" if free > 5 else ("warn" if free > 2 else "fail"),
+                            f"{free:.1f} GiB free"))
+    manifests = sorted(IMAGES_DIR.glob("*.json"))
+    checks.append(Check("images", "ok" if manifests else "warn",
+                        ", ".join(m.stem for m in manifests) or "none built: run `make images`"))
+    if Path(config_path).exists():
+        try:
+            cfg = config.load(config_path)
+            checks.append(Check("config", "ok", f"{config_path}: {len(cfg.hosts)} host(s)"))
+        except LabError as exc:
+            checks.append(Check("config", "fail", str(exc)))
+    else:
+        checks.append(Check("config", "warn", f"{config_path} not found"))
+    return checks

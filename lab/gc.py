@@ -1,0 +1,62 @@
+"""`lab gc`: remove what crashed or killed runs left behind, on every configured host.
+
+Things that belong to a live run (its lock is held) are kept; everything else carrying a lab run
+id goes, VMs and processes first, then disks, taps and namespaces.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from lab.config import LabConfig
+from lab.errors import LabError
+from lab.store import Store
+
+ORDER = {"vm": 0, "process": 0, "disk": 1, "tap": 2, "netns": 3}
+
+
+@dataclass
+class GcReport:
+    lines: list[str] = field(default_factory=list)
+    removed: int = 0
+    kept: int = 0
+    errors: list[str] = field(default_factory=list)
+
+
+def collect(cfg: LabConfig, *, dry_run: bool = False, hosts: list[str] | None = None) -> GcReport:
+    from lab.runner import build_backends
+
+    report = GcReport()
+    names = set(hosts or cfg.hosts)
+    backends = build_backends(cfg, names)
+    removed_vms: list[str] = []
+    for host, backend in sorted(backends.items()):
+        try:
+            items = backend.list_owned()
+        except LabError as exc:
+            report.errors.append(f"{host}: cannot list: {exc}")
+            continue
+        for item in sorted(items, key=lambda i: (ORDER.get(i.kind, 9), i.name)):
+            live = getattr(backend, "run_is_live", None)
+            if item.run_id and live is not None and live(item.run_id):
+                report.kept += 1
+                report.lines.append(f"keep   {host} {item.kind} {item.name} (run {item.run_id} is live)")
+                continue
+            if dry_run:
+                report.removed += 1
+                report.lines.append(f"would remove {host} {item.kind} {item.name}")
+                continue
+            try:
+                backend.remove_owned(item)
+                report.removed += 1
+                report.lines.append(f"removed {host} {item.kind} {item.name}")
+                if item.kind == "vm":
+                    removed_vms.append(item.name)
+            except LabError as exc:
+                report.errors.append(f"{host} {item.kind} {item.name}: {exc}")
+    if removed_vms and cfg.results_dir.joinpath(Store.FILENAME).exists():
+        store = Store(cfg.results_dir)
+        for name in removed_vms:
+            store.release_leases_named(name)
+        store.close()
+    return report

@@ -1,0 +1,619 @@
+"""Golden images: build them offline (mmdebstrap -> mkfs.ext4 -> qcow2 -> Packer), describe them in a
+manifest (images/<name>.json) and load them as ImageRef.
+
+The debian12 pipeline, all from the Debian mirror this machine already uses (no ISO, no cloud image):
+
+1. ``mmdebstrap`` bookworm into build/debian12/rootfs; packer/scripts/debian-rootfs-essential.sh copies
+   templates/image/rootfs in before the kernel is installed (initramfs-tools config, lab units),
+   packer/scripts/debian-rootfs-customize.sh enables/masks units and installs the lab SSH key.
+2. kernel + initrd are copied out of the rootfs (the guest boots by direct kernel boot).
+3. ``mkfs.ext4 -L labroot -d rootfs`` (a bare filesystem, no partition table) -> ``qemu-img convert``.
+4. Packer's qemu builder boots it under TCG, runs packer/scripts/provision-debian.sh (nginx config,
+   certificate, static site, version report) and writes the final qcow2.
+
+A recipe digest (sha256 over every input) makes ``build`` idempotent: same digest + artifacts present
+= nothing to do. The guest contract (command line, readiness marker, key) is in images/README.md.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import random
+import shutil
+import struct
+import sys
+import time
+import tomllib
+import zlib
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import lab
+from lab import proc
+from lab.errors import CommandError, LabError, UsageError
+from lab.model import ImageRef
+
+Progress = Callable[[str], None] | None
+
+# Bump when the build logic changes in a way the inputs below do not show.
+RECIPE_VERSION = 1
+
+ROOT_LABEL = "labroot"
+READY_MARKER = "LAB-READY"
+SSH_USER = "root"
+KEY_NAME = "lab_key"
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """Everything that decides what goes into an image, besides the input files."""
+
+    name: str
+    os: str
+    release: str
+    suite: str
+    variant: str
+    packages: tuple[str, ...]
+    dpkg_excludes: tuple[str, ...]
+    cmdline: str
+    disk_mib: int
+    hostname: str
+    packer_template: str  # relative to PACKER_DIR
+    scripts: tuple[str, ...]  # relative to PACKER_DIR
+    template_paths: tuple[str, ...]  # relative to TEMPLATES_DIR (files or directories)
+    nginx: dict[str, Any]
+
+    def constants(self) -> dict[str, Any]:
+        return {
+            "recipe_version": RECIPE_VERSION,
+            "name": self.name, "os": self.os, "release": self.release, "suite": self.suite,
+            "variant": self.variant, "packages": list(self.packages),
+            "dpkg_excludes": list(self.dpkg_excludes), "cmdline": self.cmdline,
+            "disk_mib": self.disk_mib, "hostname": self.hostname, "root_label": ROOT_LABEL,
+            "ready_marker": READY_MARKER, "nginx": self.nginx,
+        }
+
+
+DEBIAN12 = Recipe(
+    name="debian12",
+    os="debian",
+    release="12",
+    suite="bookworm",
+    variant="minbase",
+    packages=(
+        # boot: the generic kernel (the cloud kernel has no e1000), an initrd that finds LABEL=labroot
+        "linux-image-amd64", "initramfs-tools", "zstd", "systemd-sysv", "udev", "kmod",
+        # access and the tools the workloads run
+        "openssh-server", "sysbench", "iperf3", "nginx-light", "openssl", "ca-certificates",
+        "curl", "git", "procps", "iproute2", "ethtool", "iputils-ping", "netbase",
+    ),
+    dpkg_excludes=(
+        "/usr/share/man/*", "/usr/share/info/*", "/usr/share/doc/*", "/usr/share/locale/*",
+        "/usr/share/lintian/*", "/usr/share/linda/*",
+    ),
+    # quiet: the serial console stays readable (LAB-READY); fsck.mode=skip: clones are killed, the
+    # ext4 journal is replayed at mount anyway; net.ifnames=0: the first NIC is eth0 on every model.
+    cmdline=f"console=ttyS0 root=LABEL={ROOT_LABEL} rootfstype=ext4 rw net.ifnames=0 fsck.mode=skip quiet",
+    disk_mib=4096,
+    hostname="lab-debian12",
+    packer_template="debian12.pkr.hcl",
+    scripts=("scripts/debian-rootfs-essential.sh", "scripts/debian-rootfs-customize.sh",
+             "scripts/provision-debian.sh"),
+    template_paths=("image", "nginx.conf.j2", "site"),
+    nginx={"worker_processes": "auto", "worker_connections": 4096, "root": "/srv/www",
+           "ssl_certificate": "/etc/nginx/lab.crt", "ssl_certificate_key": "/etc/nginx/lab.key"},
+)
+
+RECIPES: dict[str, Recipe] = {DEBIAN12.name: DEBIAN12}
+
+DEFAULT_MIRROR = "http://deb.debian.org/debian"
+DEFAULT_SECURITY_MIRROR = "http://deb.debian.org/debian-security"
+
+
+# ---------------------------------------------------------------------------------------------
+# names, inputs, digest
+
+
+def recipe(name: str) -> Recipe:
+    try:
+        return RECIPES[name]
+    except KeyError:
+        known = ", ".join(sorted(RECIPES))
+        raise UsageError(f"unknown image {name!r}; known images: {known}") from None
+
+
+def input_files(name: str, *, packer_dir: Path | None = None,
+                templates_dir: Path | None = None) -> list[tuple[str, Path]]:
+    """Every file the image is made from, as (stable label, path), sorted by label."""
+    r = recipe(name)
+    pdir = Path(packer_dir or lab.PACKER_DIR)
+    tdir = Path(templates_dir or lab.TEMPLATES_DIR)
+    out: list[tuple[str, Path]] = []
+    for rel in (r.packer_template, *r.scripts):
+        out.append((f"packer/{rel}", pdir / rel))
+    for rel in r.template_paths:
+        p = tdir / rel
+        if p.is_dir():
+            for f in sorted(p.rglob("*")):
+                if f.is_file() and "__pycache__" not in f.parts:
+                    out.append((f"templates/{f.relative_to(tdir).as_posix()}", f))
+        else:
+            out.append((f"templates/{rel}", p))
+    return sorted(out)
+
+
+def recipe_digest(name: str, *, packer_dir: Path | None = None,
+                  templates_dir: Path | None = None) -> str:
+    """sha256 over the recipe constants and every input file (path, executable bit, content)."""
+    h = hashlib.sha256()
+    h.update(json.dumps(recipe(name).constants(), sort_keys=True).encode())
+    for label, path in input_files(name, packer_dir=packer_dir, templates_dir=templates_dir):
+        try:
+            data = path.read_bytes()
+            mode = "x" if os.access(path, os.X_OK) else "-"
+        except FileNotFoundError:
+            raise LabError(f"image input {path} is missing", hint="is the checkout complete?") from None
+        h.update(f"\0{label}\0{mode}\0{len(data)}\0".encode())
+        h.update(data)
+    return h.hexdigest()
+
+
+# ---------------------------------------------------------------------------------------------
+# manifests and loading
+
+
+def _images_dir(images_dir: Path | None) -> Path:
+    return Path(images_dir or lab.IMAGES_DIR)
+
+
+def manifest_path(name: str, images_dir: Path | None = None) -> Path:
+    return _images_dir(images_dir) / f"{name}.json"
+
+
+def _not_built(name: str) -> UsageError:
+    return UsageError(f"image {name!r} is not built: run `make images`")
+
+
+def load(name: str, images_dir: Path | None = None) -> ImageRef:
+    """The built image `name`, as its manifest describes it."""
+    recipe(name)  # unknown names fail first, listing the known ones
+    idir = _images_dir(images_dir)
+    mpath = manifest_path(name, idir)
+    try:
+        manifest = json.loads(mpath.read_text())
+    except FileNotFoundError:
+        raise _not_built(name) from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise LabError(f"{mpath} is not valid JSON: {exc}", hint="rebuild it: run `make images`") from None
+    try:
+        disk = idir / manifest["paths"]["disk"]
+        ref = ImageRef(name=manifest["name"], os=manifest["os"], path=disk,
+                       digest=manifest["recipe_digest"], sha256=manifest["sha256"], manifest=manifest)
+    except (KeyError, TypeError) as exc:
+        raise LabError(f"{mpath} lacks {exc}", hint="rebuild it: run `make images`") from None
+    if not disk.is_file():
+        raise _not_built(name)
+    return ref
+
+
+def list_images(images_dir: Path | None = None) -> list[ImageRef]:
+    """Every known image that is built (has a manifest and its disk)."""
+    out = []
+    for name in sorted(RECIPES):
+        try:
+            out.append(load(name, images_dir))
+        except UsageError:
+            continue
+    return out
+
+
+def artifact_paths(name: str, images_dir: Path | None = None) -> dict[str, Path]:
+    idir = _images_dir(images_dir)
+    return {
+        "disk": idir / f"{name}.qcow2",
+        "kernel": idir / name / "vmlinuz",
+        "initrd": idir / name / "initrd.img",
+        "ssh_key": idir / KEY_NAME,
+        "ssh_pubkey": idir / f"{KEY_NAME}.pub",
+    }
+
+
+def up_to_date(name: str, images_dir: Path | None = None, digest: str | None = None) -> ImageRef | None:
+    """The built image if its manifest has the current recipe digest, all artifacts exist, the disk
+    has the recorded size and the SSH key is the one baked in; else None."""
+    try:
+        ref = load(name, images_dir)
+    except LabError:
+        return None
+    m = ref.manifest
+    if m.get("recipe_digest") != (digest or recipe_digest(name)):
+        return None
+    paths = artifact_paths(name, images_dir)
+    if not all(p.is_file() for p in paths.values()):
+        return None
+    if paths["disk"].stat().st_size != m.get("size"):
+        return None
+    try:
+        if key_fingerprint(paths["ssh_pubkey"].read_text()) != m.get("ssh_key_fingerprint"):
+            return None
+    except (ValueError, OSError):
+        return None
+    return ref
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def key_fingerprint(pubkey_line: str) -> str:
+    """OpenSSH's SHA256 fingerprint of a public key line (as `ssh-keygen -lf` prints it)."""
+    parts = pubkey_line.split()
+    if len(parts) < 2:
+        raise ValueError("not an OpenSSH public key line")
+    blob = base64.b64decode(parts[1])
+    return "SHA256:" + base64.b64encode(hashlib.sha256(blob).digest()).decode().rstrip("=")
+
+
+# ---------------------------------------------------------------------------------------------
+# building blocks
+
+
+def ensure_key(images_dir: Path | None = None) -> Path:
+    """images/lab_key (ed25519, no passphrase): generated once, the lab's SSH key for root."""
+    paths = artifact_paths("debian12", images_dir)
+    key, pub = paths["ssh_key"], paths["ssh_pubkey"]
+    if key.is_file() and pub.is_file():
+        return key
+    key.parent.mkdir(parents=True, exist_ok=True)
+    for p in (key, pub):
+        p.unlink(missing_ok=True)
+    proc.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "lab@golden-images", "-f", key],
+             timeout=30, what="ssh-keygen")
+    key.chmod(0o600)
+    return key
+
+
+def debian_mirrors(suite: str, sources: Iterable[Path] | None = None) -> list[str]:
+    """mmdebstrap mirror lines for `suite`, reusing the Debian mirror this machine's apt uses
+    (/etc/apt/sources.list and sources.list.d, one-line and deb822 forms). LAB_DEBIAN_MIRROR
+    overrides the main archive."""
+    main = os.environ.get("LAB_DEBIAN_MIRROR", "")
+    security = ""
+    if sources is None:
+        d = Path("/etc/apt/sources.list.d")
+        sources = [Path("/etc/apt/sources.list"), *sorted(d.glob("*.list")), *sorted(d.glob("*.sources"))]
+    for uri, suites in _apt_entries(sources):
+        if f"{suite}-security" in suites and not security:
+            security = uri
+        elif suite in suites and not main:
+            main = uri
+    main = (main or DEFAULT_MIRROR).rstrip("/")
+    security = (security or DEFAULT_SECURITY_MIRROR).rstrip("/")
+    return [f"deb {main} {suite} main", f"deb {main} {suite}-updates main",
+            f"deb {security} {suite}-security main"]
+
+
+def _apt_entries(sources: Iterable[Path]) -> list[tuple[str, list[str]]]:
+    out: list[tuple[str, list[str]]] = []
+    for path in sources:
+        try:
+            text = path.read_text()
+        except OSError:
+            continue
+        if path.suffix == ".sources":
+            for stanza in text.split("\n\n"):
+                fields: dict[str, str] = {}
+                for line in stanza.splitlines():
+                    if ":" in line and not line.startswith(("#", " ")):
+                        k, v = line.split(":", 1)
+                        fields[k.strip().lower()] = v.strip()
+                if "deb" in fields.get("types", "").split() and fields.get("enabled", "yes") != "no":
+                    for uri in fields.get("uris", "").split():
+                        out.append((uri, fields.get("suites", "").split()))
+        else:
+            for line in text.splitlines():
+                line = line.split("#", 1)[0].strip()
+                if not line.startswith("deb "):
+                    continue
+                if "[" in line and "]" in line:  # deb [signed-by=...] URI SUITE COMPONENTS
+                    line = line.split("[", 1)[0] + line.split("]", 1)[1]
+                words = line.split()
+                if len(words) >= 3:
+                    out.append((words[1], [words[2]]))
+    return out
+
+
+def png(width: int, height: int, seed: int) -> bytes:
+    """A deterministic RGB PNG: a gradient, a few bars and mild noise (compresses like a picture)."""
+    rng = random.Random(seed)
+    base = [rng.randrange(40, 200) for _ in range(3)]
+    bars = [(rng.randrange(width), rng.randrange(8, max(9, width // 8)), rng.randrange(height),
+             [rng.randrange(256) for _ in range(3)]) for _ in range(6)]
+    noise = rng.randbytes(width * height)
+    rows = bytearray()
+    for y in range(height):
+        rows.append(0)
+        for x in range(width):
+            n = noise[y * width + x] & 15
+            r = (base[0] + x * 90 // width + n) & 255
+            g = (base[1] + y * 90 // height + n) & 255
+            b = (base[2] + (x + y) * 40 // (width + height) + n) & 255
+            for bx, bw, top, col in bars:
+                if bx <= x < bx + bw and y >= top:
+                    r, g, b = col[0] ^ n, col[1] ^ n, col[2] ^ n
+                    break
+            rows += bytes((r, g, b))
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(bytes(rows), 9))
+            + chunk(b"IEND", b""))
+
+
+def render_stage(name: str, out: Path, templates_dir: Path | None = None) -> None:
+    """Render what the provisioner uploads: out/nginx.conf and out/site/ (pages, css, images)."""
+    import jinja2
+
+    r = recipe(name)
+    tdir = Path(templates_dir or lab.TEMPLATES_DIR)
+    out.mkdir(parents=True, exist_ok=True)
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(tdir)), undefined=jinja2.StrictUndefined,
+                             keep_trailing_newline=True, autoescape=False)
+    (out / "nginx.conf").write_text(env.get_template("nginx.conf.j2").render(image=name, **r.nginx))
+
+    sdir = tdir / "site"
+    site = out / "site"
+    site_env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(sdir)), undefined=jinja2.StrictUndefined,
+                                  keep_trailing_newline=True, autoescape=jinja2.select_autoescape())
+    page_files = sorted((sdir / "pages").glob("*.html"))
+    pages = []
+    for pf in page_files:
+        mod = site_env.get_template(f"pages/{pf.name}").make_module({"pages": [], "href": pf.name})
+        pages.append({"href": pf.name, "title": getattr(mod, "title"), "date": getattr(mod, "date")})
+    pages.sort(key=lambda p: (p["href"] != "index.html", p["date"]), reverse=False)
+    pages = pages[:1] + sorted(pages[1:], key=lambda p: p["date"], reverse=True)
+    for pf in page_files:
+        html = site_env.get_template(f"pages/{pf.name}").render(pages=pages, href=pf.name)
+        (site / pf.name).parent.mkdir(parents=True, exist_ok=True)
+        (site / pf.name).write_text(html)
+    for f in sorted(sdir.rglob("*")):
+        rel = f.relative_to(sdir)
+        if f.is_dir() or rel.parts[0] == "pages" or f.name in ("layout.html.j2", "images.toml"):
+            continue
+        dest = site / rel
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(f, dest)
+    imgs = sdir / "images.toml"
+    if imgs.is_file():
+        for rel, (w, h, seed) in tomllib.loads(imgs.read_text()).items():
+            dest = site / rel
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            dest.write_bytes(png(int(w), int(h), int(seed)))
+
+
+def _tool_version(argv: list[str]) -> str:
+    try:
+        res = proc.run(argv, timeout=30, check=False)
+    except LabError:
+        return ""
+    lines = (res.stdout or res.stderr).strip().splitlines()
+    return lines[0] if lines else ""
+
+
+def _run_logged(argv: list[str], log: Path, *, timeout: float, what: str,
+                env: dict[str, str] | None = None, cwd: Path | None = None) -> proc.Result:
+    """proc.run, keeping the full output in `log` (also on failure)."""
+    try:
+        res = proc.run(argv, timeout=timeout, env=env, cwd=cwd, what=what)
+    except CommandError as exc:
+        log.write_text(f"$ {' '.join(exc.argv)}\n--- stdout\n{exc.stdout}\n--- stderr\n{exc.stderr}\n")
+        exc.hint = f"full output in {log}"
+        raise
+    log.write_text(f"$ {' '.join(res.argv)}\n--- stdout\n{res.stdout}\n--- stderr\n{res.stderr}\n")
+    return res
+
+
+# ---------------------------------------------------------------------------------------------
+# build
+
+
+def build(name: str = "debian12", force: bool = False, progress: Progress = None,
+          images_dir: Path | None = None) -> ImageRef:
+    """Build image `name` unless it is up to date; return it. `progress(stage)` hears each stage."""
+    r = recipe(name)
+    say = progress or (lambda _msg: None)
+    idir = _images_dir(images_dir)
+    digest = recipe_digest(name)
+    if not force:
+        ref = up_to_date(name, idir, digest)
+        if ref is not None:
+            say(f"up to date ({digest[:12]})")
+            return ref
+    if os.geteuid() != 0:
+        raise LabError("building a golden image needs root (mmdebstrap --mode=root, chroot)",
+                       hint="run `sudo make images`")
+
+    t0 = time.monotonic()
+    stages: dict[str, float] = {}
+
+    def stage(label: str) -> None:
+        stages[label] = time.monotonic()
+        say(label)
+
+    work = lab.PROJECT_ROOT / "build" / name
+    if work.exists():
+        shutil.rmtree(work)
+    work.mkdir(parents=True)
+    rootfs = work / "rootfs"
+    key = ensure_key(idir)
+    pubkey = key.with_suffix(".pub").read_text().strip()
+    mirrors = debian_mirrors(r.suite)
+
+    stage("rootfs: mmdebstrap")
+    argv = ["mmdebstrap", "--mode=root", f"--variant={r.variant}", "--format=directory",
+            f"--include={','.join(r.packages)}",
+            "--aptopt=Acquire::Retries \"3\"",
+            *[f"--dpkgopt=path-exclude={p}" for p in r.dpkg_excludes],
+            "--dpkgopt=path-include=/usr/share/doc/*/copyright",
+            f"--essential-hook={lab.PACKER_DIR / 'scripts/debian-rootfs-essential.sh'}",
+            f"--customize-hook={lab.PACKER_DIR / 'scripts/debian-rootfs-customize.sh'}",
+            r.suite, str(rootfs), *mirrors]
+    env = {"LAB_OVERLAY": str(lab.TEMPLATES_DIR / "image" / "rootfs"),
+           "LAB_MASKS": str(lab.TEMPLATES_DIR / "image" / "masked-units"),
+           "LAB_PUBKEY": pubkey, "LAB_HOSTNAME": r.hostname, "DEBIAN_FRONTEND": "noninteractive"}
+    _run_logged(argv, work / "mmdebstrap.log", timeout=1800, what="mmdebstrap", env=env)
+
+    stage("kernel: copy vmlinuz and initrd out of the rootfs")
+    kernels = sorted((rootfs / "boot").glob("vmlinuz-*"))
+    if len(kernels) != 1:
+        raise LabError(f"expected one kernel in the rootfs, found {[k.name for k in kernels]}")
+    kver = kernels[0].name.removeprefix("vmlinuz-")
+    initrd = rootfs / "boot" / f"initrd.img-{kver}"
+    if not initrd.is_file():
+        raise LabError(f"the rootfs has no initrd for kernel {kver}")
+    shutil.copyfile(kernels[0], work / "vmlinuz")
+    shutil.copyfile(initrd, work / "initrd.img")
+
+    stage("filesystem: mkfs.ext4 -d")
+    raw = work / "root.raw"
+    proc.run(["mkfs.ext4", "-q", "-F", "-L", ROOT_LABEL, "-d", rootfs, "-m", "1",
+              "-E", "lazy_itable_init=0,lazy_journal_init=0", raw, f"{r.disk_mib}M"],
+             timeout=600, what="mkfs.ext4")
+    shutil.rmtree(rootfs)
+
+    stage("qcow2: qemu-img convert")
+    base = work / "base.qcow2"
+    proc.run(["qemu-img", "convert", "-O", "qcow2", raw, base], timeout=600, what="qemu-img convert")
+    raw.unlink()
+
+    stage("stage: render nginx.conf and the site")
+    render_stage(name, work / "stage")
+
+    stage("packer: boot under TCG and provision")
+    out_dir = work / "packer-out"
+    report = work / "lab-image.json"
+    pvars = {"disk_in": base, "output_dir": out_dir, "kernel": work / "vmlinuz",
+             "initrd": work / "initrd.img", "cmdline": r.cmdline, "ssh_key": key,
+             "stage_dir": work / "stage", "report_out": report,
+             "console_log": work / "packer-console.log", "disk_size": f"{r.disk_mib}M"}
+    argv = ["packer", "build", "-color=false", "-on-error=cleanup",
+            *[a for k, v in pvars.items() for a in ("-var", f"{k}={v}")],
+            lab.PACKER_DIR / r.packer_template]
+    penv = {"CHECKPOINT_DISABLE": "1", "PACKER_CACHE_DIR": str(work / "packer-cache"),
+            "PACKER_NO_COLOR": "1"}
+    _run_logged(argv, work / "packer.log", timeout=1800, what="packer build", env=penv, cwd=work)
+    try:
+        guest = json.loads(report.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise LabError(f"the guest's version report {report} is unusable: {exc}",
+                       hint=f"see {work / 'packer.log'}") from None
+    if guest.get("running_kernel") != kver:
+        raise LabError(f"the guest ran kernel {guest.get('running_kernel')!r}, expected {kver!r}")
+
+    stage("install: images/")
+    paths = artifact_paths(name, idir)
+    mpath = manifest_path(name, idir)
+    mpath.unlink(missing_ok=True)  # no manifest describes half-replaced artifacts
+    paths["kernel"].parent.mkdir(parents=True, exist_ok=True)
+    os.replace(out_dir / "debian12.qcow2", paths["disk"])
+    shutil.copyfile(work / "vmlinuz", paths["kernel"])
+    shutil.copyfile(work / "initrd.img", paths["initrd"])
+    sha = file_sha256(paths["disk"])
+    vsize = json.loads(proc.run(["qemu-img", "info", "--output=json", paths["disk"]],
+                                timeout=60, what="qemu-img info").stdout)["virtual-size"]
+
+    manifest = {
+        "name": name,
+        "os": r.os,
+        "release": r.release,
+        "suite": r.suite,
+        "recipe_digest": digest,
+        "recipe_version": RECIPE_VERSION,
+        "sha256": sha,
+        "size": paths["disk"].stat().st_size,
+        "virtual_size": vsize,
+        "format": "qcow2",
+        "built_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "build_seconds": round(time.monotonic() - t0, 1),
+        "stage_seconds": _stage_durations(stages, time.monotonic()),
+        "kernel": kver,
+        "kernels": guest.get("kernels", []),
+        "debian_version": guest.get("debian_version", ""),
+        "tools": guest.get("tools", {}),
+        "packages": guest.get("packages", {}),
+        "dpkg_packages": guest.get("dpkg_packages"),
+        "root_label": ROOT_LABEL,
+        "cmdline": r.cmdline,
+        "net": {"device": "eth0", "kernel_args": "lab.ip=ADDR/PREFIX lab.gw=ADDR",
+                "fallback": "10.0.2.15/24 via 10.0.2.2"},
+        "ready_marker": READY_MARKER,
+        "ssh_user": SSH_USER,
+        "ssh_key_fingerprint": key_fingerprint(pubkey),
+        "nginx": {"root": r.nginx["root"], "ports": [80, 443], "certificate": r.nginx["ssl_certificate"],
+                  "certificate_sha256": guest.get("nginx_cert_sha256", ""),
+                  "bulk": ["/bulk/1m.bin", "/bulk/64m.bin"], "site_files": guest.get("site_files")},
+        "paths": {k: p.relative_to(idir).as_posix() for k, p in paths.items()},
+        "mirrors": mirrors,
+        "builder": {
+            "mmdebstrap": _tool_version(["mmdebstrap", "--version"]),
+            "packer": _tool_version(["packer", "version"]),
+            "qemu": _tool_version(["qemu-system-x86_64", "--version"]),
+            "e2fsprogs": _tool_version(["mkfs.ext4", "-V"]),
+        },
+    }
+    tmp = mpath.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, mpath)
+    say(f"done in {manifest['build_seconds']:.0f} s: {paths['disk']}")
+    return load(name, idir)
+
+
+def _stage_durations(starts: dict[str, float], end: float) -> dict[str, float]:
+    items = list(starts.items())
+    out = {}
+    for i, (label, t) in enumerate(items):
+        nxt = items[i + 1][1] if i + 1 < len(items) else end
+        out[label.split(":", 1)[0]] = round(nxt - t, 1)
+    return out
+
+
+def _main(argv: list[str]) -> int:
+    usage = "usage: python -m lab.images build [NAME] [--force] | ls"
+    if not argv or argv[0] not in ("build", "ls"):
+        print(usage, file=sys.stderr)
+        return 2
+    try:
+        if argv[0] == "ls":
+            for ref in list_images():
+                m = ref.manifest
+                print(f"{ref.name}\t{ref.digest[:12]}\t{m.get('size', 0) / 2**20:.0f} MiB\t"
+                      f"{m.get('built_at', '')}\t{ref.path}")
+            return 0
+        names = [a for a in argv[1:] if not a.startswith("-")] or ["debian12"]
+        force = "--force" in argv[1:]
+        start = time.monotonic()
+        for n in names:
+            ref = build(n, force=force,
+                        progress=lambda s: print(f"[{time.monotonic() - start:6.1f}s] {n}: {s}", flush=True))
+            print(f"{ref.name}: {ref.path} sha256={ref.sha256[:16]} digest={ref.digest[:12]}")
+        return 0
+    except LabError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        if exc.hint:
+            print(f"hint: {exc.hint}", file=sys.stderr)
+        return exc.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))

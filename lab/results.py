@@ -1,0 +1,98 @@
+"""Pure: stored samples -> per (cell, workload, metric) series, and table rows for `lab show`."""
+
+from __future__ import annotations
+
+import re
+import statistics
+from dataclasses import dataclass
+from typing import Iterable
+
+from lab.store import CellRow, SampleRow
+
+CPU_METRIC = "cpu_busy_pct"
+
+
+@dataclass(frozen=True)
+class Series:
+    cell: str  # the cell's label (axes), which is what matches across runs
+    workload: str
+    metric: str
+    unit: str
+    higher_is_better: bool | None
+    values: tuple[float, ...]
+    flagged: int = 0  # repetitions whose labels say flagged (errors during the load)
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        return (self.cell, self.workload, self.metric)
+
+
+def series(samples: Iterable[SampleRow], cells: Iterable[CellRow]) -> list[Series]:
+    labels = {c.cell_id: c.label for c in cells}
+    groups: dict[tuple[str, str, str], list[SampleRow]] = {}
+    for s in samples:
+        groups.setdefault((labels.get(s.cell_id, s.cell_id), s.workload, s.metric), []).append(s)
+    out = []
+    for (cell, wl, metric), rows in groups.items():
+        out.append(Series(cell, wl, metric, rows[0].unit, rows[0].higher_is_better,
+                          tuple(r.value for r in rows), sum(1 for r in rows if r.labels.get("flagged"))))
+    out.sort(key=lambda s: (s.workload, s.cell, s.metric))
+    return out
+
+
+@dataclass(frozen=True)
+class ShowRow:
+    workload: str
+    cell: str
+    metric: str
+    unit: str
+    n: int
+    median: float
+    low: float
+    high: float
+    cpu_busy: float | None  # median guest CPU busy % during this workload in this cell
+    flagged: int
+    direction: str  # "↑" higher is better, "↓" lower is better, "" informational
+
+
+def _variant(metric: str) -> str:
+    """The variant suffix a workload puts on a metric (e.g. _c10 for 10 connections, _1t for one
+    thread, _rx/_tx for a direction), or ""."""
+    head, _, tail = metric.rpartition("_")
+    return tail if head and re.fullmatch(r"c\d+|\d+t|nt|rx|tx|p\d+", tail) else ""
+
+
+def _hidden(s: Series) -> bool:
+    """Rows `lab show` leaves out by default: CPU figures (they have their own column) and error
+    counters that stayed at zero (non-zero ones are shown and flagged)."""
+    if s.metric.startswith("cpu_"):
+        return True
+    return s.unit == "count" and s.higher_is_better is False and not any(s.values) and "retrans" not in s.metric
+
+
+def show_rows(all_series: list[Series], *, everything: bool = False) -> list[ShowRow]:
+    cpu = {(s.cell, s.workload, s.metric): statistics.median(s.values)
+           for s in all_series if s.metric.startswith(CPU_METRIC)}
+    rows = []
+    for s in all_series:
+        if not everything and _hidden(s):
+            continue
+        v = _variant(s.metric)
+        busy = cpu.get((s.cell, s.workload, f"{CPU_METRIC}_{v}" if v else CPU_METRIC),
+                       cpu.get((s.cell, s.workload, CPU_METRIC)))
+        direction = {True: "↑", False: "↓", None: ""}[s.higher_is_better]
+        rows.append(ShowRow(s.workload, s.cell, s.metric, s.unit, len(s.values), statistics.median(s.values),
+                            min(s.values), max(s.values), busy, s.flagged, direction))
+    return rows
+
+
+def short_labels(cells: list[str]) -> dict[str, str]:
+    """Drop the axes that are the same in every cell, so tables show only what varies."""
+    parts = [c.split("/") for c in cells]
+    if not parts:
+        return {}
+    width = max(len(p) for p in parts)
+    varying = [i for i in range(width) if len({p[i] if i < len(p) else "" for p in parts}) > 1]
+    if not varying:
+        return {c: c.split("/")[2] if c.count("/") >= 2 else c for c in cells}
+    return {c: "/".join(p[i] for i in varying if i < len(p)) for c, p in zip(cells, parts)}

@@ -1,0 +1,345 @@
+"""The results store: one SQLite file (WAL) per results directory.
+
+Every write commits at once, so a `kill -9` at any point leaves a readable store holding every
+sample measured so far. Schema changes are numbered migrations, applied in order on open.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable
+
+from lab.errors import LabError, UsageError
+from lab.model import RawOutput, Sample
+
+MIGRATIONS: list[str] = [
+    # 1: the first schema
+    """
+    CREATE TABLE runs (
+        id TEXT PRIMARY KEY,
+        name TEXT NOT NULL,
+        started_at REAL NOT NULL,
+        finished_at REAL,
+        status TEXT NOT NULL,            -- running | done | failed | interrupted
+        error TEXT,
+        config_path TEXT,
+        config_text TEXT,
+        seed INTEGER,
+        lab_version TEXT,
+        manifest TEXT                    -- JSON: images (digests, tool versions), backends' facts
+    );
+    CREATE TABLE cells (
+        run_id TEXT NOT NULL REFERENCES runs(id),
+        cell_id TEXT NOT NULL,
+        idx INTEGER NOT NULL,
+        label TEXT NOT NULL,
+        axes TEXT NOT NULL,              -- JSON
+        status TEXT NOT NULL,            -- pending | running | done | failed | n/a
+        stage TEXT,                      -- the stage reached (the failed one, if failed)
+        error TEXT,
+        started_at REAL,
+        finished_at REAL,
+        vm_name TEXT,
+        facts TEXT,                      -- JSON: accel, image digest, clone kind, tuning in effect...
+        PRIMARY KEY (run_id, cell_id)
+    );
+    CREATE TABLE leases (
+        id INTEGER PRIMARY KEY,
+        run_id TEXT NOT NULL,
+        cell_id TEXT NOT NULL,
+        host TEXT NOT NULL,
+        backend TEXT NOT NULL,
+        vm_name TEXT NOT NULL,
+        created_at REAL NOT NULL,
+        expires_at REAL NOT NULL,
+        released_at REAL,
+        detail TEXT
+    );
+    CREATE TABLE raw_outputs (
+        id INTEGER PRIMARY KEY,
+        run_id TEXT NOT NULL,
+        cell_id TEXT NOT NULL,
+        workload TEXT NOT NULL,
+        repetition INTEGER NOT NULL,     -- warm-up runs are negative: -1, -2, ...
+        command TEXT,
+        stdout TEXT,
+        stderr TEXT,
+        returncode INTEGER,
+        started_at REAL,
+        seconds REAL,
+        params TEXT,
+        extra TEXT
+    );
+    CREATE TABLE samples (
+        id INTEGER PRIMARY KEY,
+        run_id TEXT NOT NULL,
+        cell_id TEXT NOT NULL,
+        raw_id INTEGER REFERENCES raw_outputs(id),
+        workload TEXT NOT NULL,
+        metric TEXT NOT NULL,
+        value REAL NOT NULL,
+        unit TEXT NOT NULL,
+        higher_is_better INTEGER,        -- 1, 0 or NULL (informational)
+        repetition INTEGER NOT NULL,
+        labels TEXT NOT NULL
+    );
+    CREATE INDEX samples_run ON samples(run_id, cell_id, workload, metric);
+    CREATE TABLE host_facts (
+        id INTEGER PRIMARY KEY,
+        host TEXT NOT NULL,
+        fingerprint TEXT NOT NULL,
+        facts TEXT NOT NULL,
+        taken_at REAL NOT NULL
+    );
+    CREATE TABLE run_hosts (
+        run_id TEXT NOT NULL,
+        host TEXT NOT NULL,
+        host_facts_id INTEGER REFERENCES host_facts(id),
+        PRIMARY KEY (run_id, host)
+    );
+    """,
+]
+
+
+@dataclass(frozen=True)
+class RunRow:
+    id: str
+    name: str
+    started_at: float
+    finished_at: float | None
+    status: str
+    error: str | None
+    seed: int | None
+    config_path: str | None
+    manifest: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class CellRow:
+    run_id: str
+    cell_id: str
+    idx: int
+    label: str
+    axes: dict[str, Any]
+    status: str
+    stage: str | None
+    error: str | None
+    facts: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class SampleRow:
+    run_id: str
+    cell_id: str
+    workload: str
+    metric: str
+    value: float
+    unit: str
+    higher_is_better: bool | None
+    repetition: int
+    labels: dict[str, Any]
+
+
+def _j(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, default=str)
+
+
+class Store:
+    FILENAME = "lab.db"
+
+    def __init__(self, results_dir: Path):
+        self.dir = Path(results_dir)
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise UsageError(f"cannot create results directory {self.dir}: {exc.strerror}") from None
+        self.path = self.dir / self.FILENAME
+        try:
+            # isolation_level=None: autocommit; every statement is durable when it returns.
+            self.db = sqlite3.connect(self.path, isolation_level=None, timeout=30, check_same_thread=False)
+            self.db.execute("PRAGMA journal_mode=WAL")
+            self.db.execute("PRAGMA synchronous=NORMAL")
+            self.db.execute("PRAGMA busy_timeout=30000")
+            self._migrate()
+        except sqlite3.DatabaseError as exc:
+            raise LabError(f"results store {self.path} is unusable: {exc}") from None
+
+    def _migrate(self) -> None:
+        version = self.db.execute("PRAGMA user_version").fetchone()[0]
+        if version > len(MIGRATIONS):
+            raise LabError(f"{self.path} was written by a newer lab (schema {version}); upgrade lab")
+        for number, sql in enumerate(MIGRATIONS[version:], start=version + 1):
+            self.db.execute("BEGIN IMMEDIATE")
+            try:
+                for stmt in filter(str.strip, sql.split(";")):
+                    self.db.execute(stmt)
+                self.db.execute(f"PRAGMA user_version = {number}")
+                self.db.execute("COMMIT")
+            except Exception:
+                self.db.execute("ROLLBACK")
+                raise
+
+    @property
+    def schema_version(self) -> int:
+        return self.db.execute("PRAGMA user_version").fetchone()[0]
+
+    def close(self) -> None:
+        self.db.close()
+
+    # -- runs -------------------------------------------------------------------------------
+    def create_run(self, run_id: str, name: str, *, config_path: str, config_text: str, seed: int,
+                   lab_version: str, manifest: dict[str, Any]) -> None:
+        self.db.execute(
+            "INSERT INTO runs (id, name, started_at, status, config_path, config_text, seed, lab_version, manifest)"
+            " VALUES (?, ?, ?, 'running', ?, ?, ?, ?, ?)",
+            (run_id, name, time.time(), config_path, config_text, seed, lab_version, _j(manifest)))
+
+    def finish_run(self, run_id: str, status: str, error: str | None = None) -> None:
+        self.db.execute("UPDATE runs SET status = ?, error = ?, finished_at = ? WHERE id = ?",
+                        (status, error, time.time(), run_id))
+
+    def update_manifest(self, run_id: str, manifest: dict[str, Any]) -> None:
+        self.db.execute("UPDATE runs SET manifest = ? WHERE id = ?", (_j(manifest), run_id))
+
+    def runs(self) -> list[RunRow]:
+        rows = self.db.execute(
+            "SELECT id, name, started_at, finished_at, status, error, seed, config_path, manifest"
+            " FROM runs ORDER BY started_at").fetchall()
+        return [RunRow(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], json.loads(r[8] or "{}")) for r in rows]
+
+    def run(self, ref: str) -> RunRow:
+        """A run by id, unique id prefix, or "latest"."""
+        runs = self.runs()
+        if not runs:
+            raise UsageError(f"no runs in {self.path}")
+        if ref == "latest":
+            return runs[-1]
+        exact = [r for r in runs if r.id == ref]
+        if exact:
+            return exact[0]
+        matches = [r for r in runs if r.id.startswith(ref)]
+        if len(matches) == 1:
+            return matches[0]
+        if not matches:
+            raise UsageError(f"no run {ref!r} in {self.path} (see `lab ls`)")
+        raise UsageError(f"run {ref!r} is ambiguous: {', '.join(m.id for m in matches)}")
+
+    def config_text(self, run_id: str) -> str:
+        row = self.db.execute("SELECT config_text FROM runs WHERE id = ?", (run_id,)).fetchone()
+        return row[0] if row else ""
+
+    # -- cells ------------------------------------------------------------------------------
+    def add_cell(self, run_id: str, cell_id: str, idx: int, label: str, axes: dict[str, Any]) -> None:
+        self.db.execute(
+            "INSERT INTO cells (run_id, cell_id, idx, label, axes, status, facts) VALUES (?, ?, ?, ?, ?, 'pending', '{}')",
+            (run_id, cell_id, idx, label, _j(axes)))
+
+    def cell_update(self, run_id: str, cell_id: str, *, status: str | None = None, stage: str | None = None,
+                    error: str | None = None, vm_name: str | None = None, facts: dict[str, Any] | None = None,
+                    started: bool = False, finished: bool = False) -> None:
+        sets, args = [], []
+        for col, val in (("status", status), ("stage", stage), ("error", error), ("vm_name", vm_name)):
+            if val is not None:
+                sets.append(f"{col} = ?")
+                args.append(val)
+        if facts is not None:
+            sets.append("facts = ?")
+            args.append(_j(facts))
+        if started:
+            sets.append("started_at = ?")
+            args.append(time.time())
+        if finished:
+            sets.append("finished_at = ?")
+            args.append(time.time())
+        if sets:
+            self.db.execute(f"UPDATE cells SET {', '.join(sets)} WHERE run_id = ? AND cell_id = ?",
+                            (*args, run_id, cell_id))
+
+    def cells(self, run_id: str) -> list[CellRow]:
+        rows = self.db.execute(
+            "SELECT run_id, cell_id, idx, label, axes, status, stage, error, facts FROM cells"
+            " WHERE run_id = ? ORDER BY idx", (run_id,)).fetchall()
+        return [CellRow(r[0], r[1], r[2], r[3], json.loads(r[4]), r[5], r[6], r[7], json.loads(r[8] or "{}"))
+                for r in rows]
+
+    # -- leases -----------------------------------------------------------------------------
+    def add_lease(self, run_id: str, cell_id: str, host: str, backend: str, vm_name: str,
+                  expires_at: float, detail: dict[str, Any] | None = None) -> int:
+        cur = self.db.execute(
+            "INSERT INTO leases (run_id, cell_id, host, backend, vm_name, created_at, expires_at, detail)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (run_id, cell_id, host, backend, vm_name, time.time(), expires_at, _j(detail or {})))
+        return int(cur.lastrowid)
+
+    def release_lease(self, lease_id: int) -> None:
+        self.db.execute("UPDATE leases SET released_at = ? WHERE id = ?", (time.time(), lease_id))
+
+    def release_leases_named(self, vm_name: str) -> None:
+        self.db.execute("UPDATE leases SET released_at = ? WHERE vm_name = ? AND released_at IS NULL",
+                        (time.time(), vm_name))
+
+    def open_leases(self) -> list[dict[str, Any]]:
+        rows = self.db.execute(
+            "SELECT id, run_id, cell_id, host, backend, vm_name, created_at, expires_at FROM leases"
+            " WHERE released_at IS NULL ORDER BY id").fetchall()
+        keys = ("id", "run_id", "cell_id", "host", "backend", "vm_name", "created_at", "expires_at")
+        return [dict(zip(keys, r)) for r in rows]
+
+    # -- raw outputs and samples -------------------------------------------------------------
+    def add_raw(self, run_id: str, cell_id: str, repetition: int, raw: RawOutput) -> int:
+        cur = self.db.execute(
+            "INSERT INTO raw_outputs (run_id, cell_id, workload, repetition, command, stdout, stderr, returncode,"
+            " started_at, seconds, params, extra) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (run_id, cell_id, raw.workload, repetition, raw.command, raw.stdout, raw.stderr, raw.returncode,
+             raw.started, raw.seconds, _j(raw.params), _j(raw.extra)))
+        return int(cur.lastrowid)
+
+    def raw_outputs(self, run_id: str) -> Iterable[tuple[int, str, int, RawOutput]]:
+        rows = self.db.execute(
+            "SELECT id, cell_id, repetition, workload, command, stdout, stderr, returncode, started_at, seconds,"
+            " params, extra FROM raw_outputs WHERE run_id = ? ORDER BY id", (run_id,)).fetchall()
+        for r in rows:
+            yield r[0], r[1], r[2], RawOutput(r[3], r[4], r[5], r[6], r[7], r[8], r[9],
+                                              json.loads(r[10] or "{}"), json.loads(r[11] or "{}"))
+
+    def add_samples(self, run_id: str, cell_id: str, raw_id: int | None, workload: str, repetition: int,
+                    samples: list[Sample]) -> None:
+        with self.db:  # one transaction: a repetition's samples land together or not at all
+            self.db.execute("BEGIN")
+            self.db.executemany(
+                "INSERT INTO samples (run_id, cell_id, raw_id, workload, metric, value, unit, higher_is_better,"
+                " repetition, labels) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [(run_id, cell_id, raw_id, workload, s.metric, float(s.value), s.unit,
+                  None if s.higher_is_better is None else int(s.higher_is_better), repetition, _j(s.labels))
+                 for s in samples])
+
+    def delete_samples(self, run_id: str) -> None:
+        self.db.execute("DELETE FROM samples WHERE run_id = ?", (run_id,))
+
+    def samples(self, run_id: str) -> list[SampleRow]:
+        rows = self.db.execute(
+            "SELECT run_id, cell_id, workload, metric, value, unit, higher_is_better, repetition, labels"
+            " FROM samples WHERE run_id = ? ORDER BY id", (run_id,)).fetchall()
+        return [SampleRow(r[0], r[1], r[2], r[3], r[4], r[5], None if r[6] is None else bool(r[6]), r[7],
+                          json.loads(r[8])) for r in rows]
+
+    # -- host facts ---------------------------------------------------------------------------
+    def add_host_facts(self, run_id: str, host: str, fingerprint: str, facts: dict[str, Any]) -> int:
+        row = self.db.execute("SELECT id FROM host_facts WHERE host = ? AND fingerprint = ?",
+                              (host, fingerprint)).fetchone()
+        fid = row[0] if row else int(self.db.execute(
+            "INSERT INTO host_facts (host, fingerprint, facts, taken_at) VALUES (?, ?, ?, ?)",
+            (host, fingerprint, _j(facts), time.time())).lastrowid)
+        self.db.execute("INSERT OR REPLACE INTO run_hosts (run_id, host, host_facts_id) VALUES (?, ?, ?)",
+                        (run_id, host, fid))
+        return fid
+
+    def host_facts(self, run_id: str) -> dict[str, dict[str, Any]]:
+        rows = self.db.execute(
+            "SELECT rh.host, hf.fingerprint, hf.facts FROM run_hosts rh JOIN host_facts hf ON hf.id = rh.host_facts_id"
+            " WHERE rh.run_id = ?", (run_id,)).fetchall()
+        return {r[0]: {"fingerprint": r[1], **json.loads(r[2])} for r in rows}

@@ -1,0 +1,214 @@
+"""http and https: wrk on the client side against nginx in the guest.
+
+One segment per connection count (`c10`, `c50`); the guest's CPU is snapshotted by its own SSH
+command right before and right after each wrk run. A segment with socket errors or non-2xx/3xx
+answers is not dropped: it gets an `errors_<tag>` sample > 0 and `flagged=1` in every sample's labels.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import time
+from typing import Any
+
+from lab import osfacts, proc
+from lab.errors import LabError, UsageError
+from lab.model import RawOutput, Sample
+from lab.wait import wait_until
+from lab.workloads import WorkloadContext, register
+from lab.workloads.cpu import (cpu_samples, effective_params, first_line, join_segments,
+                               require_guest_tool, snapshot, split_segments)
+
+_TIME_MS = {"us": 1e-3, "ms": 1.0, "s": 1e3, "m": 60e3, "h": 3600e3}
+# wrk's format_binary divides by 1024 and prints K/M/G/T/P followed by B.
+_BYTES_MIB = {"B": 1 / 1048576, "KB": 1 / 1024, "MB": 1.0, "GB": 1024.0, "TB": 1048576.0, "PB": 1073741824.0}
+_NUM = r"([0-9]+(?:\.[0-9]+)?)"
+# Where nginx lives when root's non-login PATH lacks sbin (Debian/Alpine, FreeBSD/OpenBSD ports, pkgsrc).
+SBIN_DIRS = ("/usr/sbin", "/usr/local/sbin", "/usr/pkg/sbin")
+
+
+def _fail(workload: str, text: str, why: str) -> LabError:
+    return LabError(f"{workload}: {why}; first line of output: {first_line(text)!r}",
+                    hint="the raw output is stored; fix the parser and run `lab reparse`")
+
+
+def parse_wrk_output(text: str, workload: str = "http") -> dict[str, float]:
+    """`wrk --latency` output -> requests_per_s, transfer_mib_s, latency_p50/75/90/99_ms, requests,
+    duration_s, socket_errors_connect/read/write/timeout, non_2xx, errors (the sum of those five)."""
+    if not text or not text.strip():
+        raise _fail(workload, text, "wrk printed nothing")
+    out: dict[str, float] = {}
+    m = re.search(r"^Requests/sec:\s*" + _NUM + r"\s*$", text, re.MULTILINE)
+    if not m:
+        raise _fail(workload, text, "no 'Requests/sec:' line in wrk output")
+    out["requests_per_s"] = float(m.group(1))
+    m = re.search(r"^Transfer/sec:\s*" + _NUM + r"\s*([KMGTP]?B)\s*$", text, re.MULTILINE)
+    if not m:
+        raise _fail(workload, text, "no 'Transfer/sec:' line in wrk output")
+    out["transfer_mib_s"] = float(m.group(1)) * _BYTES_MIB[m.group(2)]
+    m = re.search(r"^\s*(\d+) requests in " + _NUM + r"(us|ms|s|m|h), " + _NUM + r"([KMGTP]?B) read",
+                  text, re.MULTILINE)
+    if not m:
+        raise _fail(workload, text, "no '<n> requests in <t>, <bytes> read' line in wrk output")
+    out["requests"] = float(m.group(1))
+    out["duration_s"] = float(m.group(2)) * _TIME_MS[m.group(3)] / 1000
+    out["read_mib"] = float(m.group(4)) * _BYTES_MIB[m.group(5)]
+    dist = dict(re.findall(r"^\s*(50|75|90|99)%\s+" + r"([0-9]+(?:\.[0-9]+)?(?:us|ms|s|m|h))\s*$", text, re.MULTILINE))
+    if set(dist) != {"50", "75", "90", "99"}:
+        raise _fail(workload, text, "no 'Latency Distribution' (was wrk run without --latency?)")
+    for pct, val in dist.items():
+        num, unit = re.match(_NUM + r"(us|ms|s|m|h)", val).groups()
+        out[f"latency_p{pct}_ms"] = float(num) * _TIME_MS[unit]
+    m = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", text)
+    for i, kind in enumerate(("connect", "read", "write", "timeout"), start=1):
+        out[f"socket_errors_{kind}"] = float(m.group(i)) if m else 0.0
+    m = re.search(r"Non-2xx or 3xx responses:\s*(\d+)", text)
+    out["non_2xx"] = float(m.group(1)) if m else 0.0
+    out["errors"] = sum(out[f"socket_errors_{k}"] for k in ("connect", "read", "write", "timeout")) + out["non_2xx"]
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Commands (pure)
+
+
+def url(scheme: str, address: str, path: str = "/") -> str:
+    host = f"[{address}]" if ":" in address and not address.startswith("[") else address
+    return f"{scheme}://{host}{path}"
+
+
+def wrk_argv(target: str, connections: int, duration_s: int, threads: int = 4) -> list[str]:
+    """wrk refuses fewer connections than threads, so threads is capped at connections."""
+    return ["wrk", f"-t{min(threads, connections)}", f"-c{connections}", f"-d{duration_s}s", "--latency", target]
+
+
+def curl_argv(target: str) -> list[str]:
+    """One probe: prints the HTTP status (000 when nothing answered). -k: the guest's cert is self-signed."""
+    return ["curl", "-sk", "-o", "/dev/null", "-w", "%{http_code}", "--max-time", "3", target]
+
+
+class _Http:
+    name = ""
+    scheme = ""
+    defaults: dict[str, Any] = {"connections": [10, 50], "duration": 10, "path": "/", "threads": 4}
+
+    def params(self, ctx: WorkloadContext) -> dict[str, Any]:
+        p = effective_params(self.defaults, ctx.params)
+        conns = p["connections"] if isinstance(p["connections"], (list, tuple)) else [p["connections"]]
+        if (not conns or len(set(conns)) != len(conns)
+                or any(isinstance(c, bool) or not isinstance(c, int) or c < 1 for c in conns)):
+            raise UsageError(f"{self.name}: connections must list distinct positive integers, got {p['connections']!r}")
+        p["connections"] = list(conns)
+        for key in ("duration", "threads"):
+            if isinstance(p[key], bool) or not isinstance(p[key], int) or p[key] < 1:
+                raise UsageError(f"{self.name}: {key} must be a positive integer, got {p[key]!r}")
+        if not isinstance(p["path"], str) or not p["path"].startswith("/") or any(c.isspace() for c in p["path"]):
+            raise UsageError(f"{self.name}: path must start with / and contain no spaces, got {p['path']!r}")
+        return p
+
+    def target(self, ctx: WorkloadContext) -> str:
+        if not ctx.guest_address:
+            raise UsageError(f"{self.name}: the workload context has no guest_address")
+        return url(self.scheme, ctx.guest_address, self.params(ctx)["path"])
+
+    def commands(self, ctx: WorkloadContext) -> list[tuple[str, list[str]]]:
+        """[(segment tag, wrk argv before the client wrapper)]."""
+        p = self.params(ctx)
+        t = self.target(ctx)
+        return [(f"c{c}", wrk_argv(t, c, p["duration"], p["threads"])) for c in p["connections"]]
+
+    def prepare(self, ctx: WorkloadContext) -> None:
+        self.params(ctx)
+        require_guest_tool(ctx, "nginx", self.name, also_in=SBIN_DIRS)
+        res = proc.run(ctx.client.argv(["wrk", "-v"]), timeout=30, check=False, what="wrk on the client side")
+        if "wrk" not in (res.stdout + res.stderr):
+            raise LabError(f"{self.name}: wrk does not run on the client side", hint="run `make setup`")
+        target = self.target(ctx)
+        last = {"code": "000"}
+
+        def answers() -> bool:
+            r = proc.run(ctx.client.argv(curl_argv(target)), timeout=10, check=False, what="curl")
+            last["code"] = (r.stdout.strip() or "000")[-3:]
+            return last["code"] != "000"
+
+        wait_until(answers, timeout=60, what=f"nginx to answer {target}", interval=0.2,
+                   detail=lambda: f"last HTTP status {last['code']}")
+        if not last["code"].startswith(("2", "3")):
+            raise LabError(f"{self.name}: nginx answers {target} with HTTP {last['code']}",
+                           hint="check the path param and the guest's nginx.conf (templates/)")
+
+    def run(self, ctx: WorkloadContext, repetition: int) -> RawOutput:
+        p = self.params(ctx)
+        ticks_cmd = osfacts.facts(ctx.os).cpu_ticks_cmd
+        segments, extra, cmds = [], {}, []
+        started, seconds = time.time(), 0.0
+        for tag, argv in self.commands(ctx):
+            before = snapshot(ctx.guest, ticks_cmd)
+            res = proc.run(ctx.client.argv(argv), timeout=p["duration"] + 60, check=False, what="wrk")
+            after = snapshot(ctx.guest, ticks_cmd)
+            text = res.stdout
+            if res.stderr.strip():  # wrk prints why it could not start ("unable to connect ...") there
+                text = (text + ("\n" if text and not text.endswith("\n") else "") + res.stderr)
+            segments.append((tag, res.returncode, text))
+            extra[f"cpu_before.{tag}"], extra[f"cpu_after.{tag}"] = before, after
+            extra.setdefault("cpu_before", before)
+            extra["cpu_after"] = after
+            seconds += res.seconds
+            cmds.append(shlex.join(argv))
+        rc_all = next((rc for _, rc, _ in segments if rc != 0), 0)
+        return RawOutput(workload=self.name, command=" ; ".join(cmds), stdout=join_segments(segments),
+                         returncode=rc_all, started=started, seconds=seconds,
+                         params={**p, "vcpus": ctx.vcpus, "repetition": repetition,
+                                 "url": self.target(ctx)},
+                         extra=extra)
+
+    def parse(self, raw: RawOutput) -> list[Sample]:
+        samples: list[Sample] = []
+        tags: list[str] = []
+        tag_labels: dict[str, dict] = {}
+        any_flag = False
+        total_errors = 0.0
+        for tag, rc, text in split_segments(raw.stdout):
+            r = parse_wrk_output(text, self.name)
+            if not tag:
+                m = re.search(r"(\d+) threads and (\d+) connections", text)
+                tag = f"c{m.group(2)}" if m else "c"
+            labels: dict[str, Any] = {"connections": int(tag[1:]) if tag[1:].isdigit() else None}
+            total_errors += r["errors"]
+            if r["errors"] > 0:
+                labels["flagged"] = 1
+                any_flag = True
+            tags.append(tag)
+            tag_labels[tag] = labels
+            s = [Sample(f"requests_per_s_{tag}", r["requests_per_s"], "req/s", True),
+                 Sample(f"transfer_mib_s_{tag}", r["transfer_mib_s"], "MiB/s", True)]
+            if r["requests"] > 0:  # with no completed request wrk prints 0.00us: not a latency
+                s += [Sample(f"latency_p{p}_ms_{tag}", r[f"latency_p{p}_ms"], "ms", False)
+                      for p in ("50", "75", "90", "99")]
+            s += [Sample(f"errors_{tag}", r["errors"], "count", False),
+                  Sample(f"non_2xx_{tag}", r["non_2xx"], "count", False)]
+            s += [Sample(f"socket_errors_{k}_{tag}", r[f"socket_errors_{k}"], "count", False)
+                  for k in ("connect", "read", "write", "timeout")]
+            samples += [Sample(x.metric, x.value, x.unit, x.higher_is_better, dict(labels)) for x in s]
+        run_labels = {"flagged": 1} if any_flag else {}
+        samples.append(Sample("errors", total_errors, "count", False, dict(run_labels)))
+        if any(f"cpu_before.{t}" in raw.extra for t in tags):
+            cpu = cpu_samples(raw, tags=tags, tag_labels=tag_labels, labels=run_labels)
+        else:
+            cpu = cpu_samples(raw, labels=run_labels)
+        return samples + cpu
+
+
+class Http(_Http):
+    name = "http"
+    scheme = "http"
+
+
+class Https(_Http):
+    name = "https"
+    scheme = "https"
+
+
+HTTP = register(Http())
+HTTPS = register(Https())

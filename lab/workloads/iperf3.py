@@ -1,0 +1,278 @@
+"""iperf3-tcp and iperf3-udp: server on the client side (one-shot, `-s -1`), client in the guest.
+
+Directions: "tx" = guest -> client (guest sends), "rx" = client -> guest (`-R`, guest receives).
+Each direction is one segment of the RawOutput: its own server, its own SSH command with the
+guest's CPU snapshots around the iperf3 client, its own `--json` document.
+
+Numbers come from the client's JSON: throughput is what the receiver counted (end.sum_received);
+TCP retransmits come from end.sum_sent and are absent when the sending side cannot count them
+(NetBSD/OpenBSD senders: iperf3 omits the key when `sender_has_retransmits` is false). UDP jitter and
+loss come from end.sum_received (iperf3 >= 3.10) or end.sum (older releases, which have only that).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import tempfile
+from typing import Any
+
+from lab import proc
+from lab.errors import LabError, UsageError
+from lab.model import RawOutput, Sample
+from lab.wait import wait_until
+from lab.workloads import WorkloadContext, register
+from lab.workloads.cpu import (cpu_samples, effective_params, first_line, join_segments,
+                               require_guest_tool, run_guest_load, split_segments)
+
+DIRECTIONS = {"tx": False, "rx": True}  # direction -> iperf3 -R
+
+
+def parse_iperf3_json(text: str, workload: str = "iperf3") -> dict[str, Any]:
+    """One `iperf3 -c ... -J` document -> {protocol, reverse, streams, throughput_mbit_s,
+    retransmits (TCP, if the sender counts them), jitter_ms, loss_pct, lost_packets, packets (UDP)}."""
+    try:
+        doc = json.loads(text)
+    except (json.JSONDecodeError, TypeError, ValueError):
+        raise LabError(f"{workload}: output is not iperf3 JSON; first line of output: {first_line(text)!r}",
+                       hint="the raw output is stored; fix the parser and run `lab reparse`") from None
+    if not isinstance(doc, dict):
+        raise LabError(f"{workload}: iperf3 JSON is not an object; first line of output: {first_line(text)!r}")
+    if doc.get("error"):
+        raise LabError(f"{workload}: iperf3 reported an error: {doc['error']}")
+    start, end = doc.get("start") or {}, doc.get("end") or {}
+    ts = start.get("test_start") or {}
+    protocol = str(ts.get("protocol", "")).upper()
+    out: dict[str, Any] = {
+        "protocol": protocol.lower(),
+        "reverse": bool(ts.get("reverse", 0)),
+        "streams": int(ts.get("num_streams", 0) or 0),
+        "version": start.get("version", ""),
+    }
+    recv, sent, legacy = end.get("sum_received"), end.get("sum_sent"), end.get("sum")
+
+    def bps(obj: dict | None) -> float | None:
+        if isinstance(obj, dict) and isinstance(obj.get("bits_per_second"), (int, float)):
+            return float(obj["bits_per_second"])
+        return None
+
+    if protocol == "UDP":
+        stats = recv if isinstance(recv, dict) and "lost_percent" in recv else legacy
+        if not isinstance(stats, dict) or bps(stats) is None:
+            raise LabError(f"{workload}: iperf3 UDP JSON has no end.sum_received/end.sum; "
+                           f"first line of output: {first_line(text)!r}")
+        if stats is legacy:
+            # iperf3 < 3.10 has only end.sum, whose bits_per_second is the sender's rate; take out what
+            # the receiver lost to approximate the received rate.
+            out["throughput_mbit_s"] = bps(stats) * (1 - float(stats.get("lost_percent", 0)) / 100) / 1e6
+        else:
+            out["throughput_mbit_s"] = bps(stats) / 1e6
+        for key, name in (("jitter_ms", "jitter_ms"), ("lost_percent", "loss_pct"),
+                          ("lost_packets", "lost_packets"), ("packets", "packets")):
+            if key in stats:
+                out[name] = float(stats[key])
+        if "jitter_ms" not in out or "loss_pct" not in out:
+            raise LabError(f"{workload}: iperf3 UDP JSON lacks jitter_ms/lost_percent")
+        return out
+    if protocol not in ("TCP", "SCTP"):
+        raise LabError(f"{workload}: iperf3 JSON has no start.test_start.protocol; "
+                       f"first line of output: {first_line(text)!r}")
+    rate = bps(recv)
+    if rate is None:
+        raise LabError(f"{workload}: iperf3 TCP JSON has no end.sum_received (test cut short?); "
+                       f"first line of output: {first_line(text)!r}")
+    out["throughput_mbit_s"] = rate / 1e6
+    if bps(sent) is not None:
+        out["sender_mbit_s"] = bps(sent) / 1e6
+    if isinstance(sent, dict) and isinstance(sent.get("retransmits"), (int, float)):
+        out["retransmits"] = float(sent["retransmits"])
+    return out
+
+
+def _reports_error(text: str) -> bool:
+    """True when the client's JSON carries an error (iperf3 -J may exit 0 even then)."""
+    try:
+        doc = json.loads(text)
+    except (json.JSONDecodeError, TypeError, ValueError):
+        return True
+    return not isinstance(doc, dict) or bool(doc.get("error"))
+
+
+# ---------------------------------------------------------------------------------------------
+# Commands (pure)
+
+
+def server_argv(address: str, port: int) -> list[str]:
+    """The one-shot server on the client side. --forceflush so its "Server listening" line reaches
+    the log file at once (readiness is read from there, without touching the one-shot port)."""
+    return ["iperf3", "-s", "-1", "-B", address, "-p", str(port), "--forceflush"]
+
+
+def client_command(address: str, port: int, time_s: int, streams: int, reverse: bool,
+                   udp: bool = False, bitrate: str | None = None) -> str:
+    argv = ["iperf3", "-c", address, "-p", str(port), "-J", "-t", str(time_s), "-P", str(streams)]
+    if udp:
+        argv += ["-u", "-b", str(bitrate)]
+    if reverse:
+        argv.append("-R")
+    return shlex.join(argv)
+
+
+def _positive_int(workload: str, name: str, value: Any, upper: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1 or (upper and value > upper):
+        rng = f"1..{upper}" if upper else ">= 1"
+        raise UsageError(f"{workload}: {name} must be an integer {rng}, got {value!r}")
+    return value
+
+
+class _Iperf3:
+    name = ""
+    udp = False
+    defaults: dict[str, Any] = {}
+
+    def params(self, ctx: WorkloadContext) -> dict[str, Any]:
+        p = effective_params(self.defaults, ctx.params)
+        _positive_int(self.name, "time", p["time"])
+        _positive_int(self.name, "streams", p["streams"], 128)
+        _positive_int(self.name, "port", p["port"], 65535)
+        dirs = p["directions"] if isinstance(p["directions"], (list, tuple)) else [p["directions"]]
+        if not dirs or any(d not in DIRECTIONS for d in dirs) or len(set(dirs)) != len(dirs):
+            raise UsageError(f"{self.name}: directions must list \"tx\" and/or \"rx\" once each, "
+                             f"got {p['directions']!r}")
+        p["directions"] = list(dirs)
+        if self.udp and (not isinstance(p["bitrate"], str) or not p["bitrate"].strip()):
+            raise UsageError(f"{self.name}: bitrate must be a string such as \"100M\", got {p['bitrate']!r}")
+        return p
+
+    def commands(self, ctx: WorkloadContext) -> list[tuple[str, list[str], str]]:
+        """[(direction, server argv on the client side (unwrapped), guest command)]."""
+        p = self.params(ctx)
+        addr = ctx.client.address
+        return [(d, server_argv(addr, p["port"]),
+                 client_command(addr, p["port"], p["time"], p["streams"], DIRECTIONS[d], self.udp,
+                                p.get("bitrate")))
+                for d in p["directions"]]
+
+    def prepare(self, ctx: WorkloadContext) -> None:
+        self.params(ctx)
+        require_guest_tool(ctx, "iperf3", self.name)
+        res = proc.run(ctx.client.argv(["iperf3", "--version"]), timeout=30, check=False,
+                       what="iperf3 on the client side")
+        if not res.ok:
+            raise LabError(f"{self.name}: iperf3 does not run on the client side: "
+                           f"{first_line(res.stderr or res.stdout)}", hint="run `make setup`")
+
+    def run(self, ctx: WorkloadContext, repetition: int) -> RawOutput:
+        p = self.params(ctx)
+        segments, extra, cmds = [], {}, []
+        started, seconds = 0.0, 0.0
+        for direction, srv, cmd in self.commands(ctx):
+            before, out, after, rc, t0, secs, log = self._one(ctx, srv, cmd, p["time"])
+            started = started or t0
+            seconds += secs
+            segments.append((direction, rc, out))
+            extra[f"cpu_before.{direction}"], extra[f"cpu_after.{direction}"] = before, after
+            extra.setdefault("cpu_before", before)
+            extra["cpu_after"] = after
+            extra[f"server_log.{direction}"] = log
+            cmds.append(cmd)
+        rc_all = next((rc for _, rc, _ in segments if rc != 0), 0)
+        return RawOutput(workload=self.name, command=" ; ".join(cmds), stdout=join_segments(segments),
+                         returncode=rc_all, started=started, seconds=seconds,
+                         params={**p, "vcpus": ctx.vcpus, "repetition": repetition,
+                                 "client_address": ctx.client.address},
+                         extra=extra)
+
+    def _one(self, ctx: WorkloadContext, srv: list[str], cmd: str, time_s: int):
+        """Start the one-shot server, wait until it listens, run the guest client, reap the server."""
+        fd, log_path = tempfile.mkstemp(prefix="lab-iperf3-", suffix=".log")
+        os.close(fd)
+        server: subprocess.Popen | None = None
+        try:
+            with open(log_path, "w") as log:
+                server = proc.spawn(ctx.client.argv(srv), stdout=log, stderr=subprocess.STDOUT)
+
+            def listening() -> bool:
+                with open(log_path, errors="replace") as f:
+                    text = f.read()
+                if "Server listening" in text:
+                    return True
+                if server.poll() is not None:
+                    raise LabError(f"{self.name}: the iperf3 server on the client side exited with status "
+                                   f"{server.returncode}: {first_line(text)}",
+                                   hint=f"is port {srv[srv.index('-p') + 1]} on {srv[srv.index('-B') + 1]} in use?")
+                return False
+
+            def log_head() -> str:
+                with open(log_path, errors="replace") as f:
+                    return first_line(f.read())
+
+            wait_until(listening, timeout=15, what=f"the iperf3 server on {srv[srv.index('-B') + 1]}",
+                       detail=log_head)
+            before, out, after, rc, t0, secs = run_guest_load(ctx, self.name, cmd, timeout=time_s + 60)
+            if rc == 0 and not _reports_error(out):
+                try:
+                    server.wait(timeout=10)  # -1: it exits by itself once the test is over
+                except subprocess.TimeoutExpired:
+                    pass
+            with open(log_path, errors="replace") as f:
+                log_text = f.read()
+            return before, out, after, rc, t0, secs, log_text
+        finally:
+            if server is not None and server.poll() is None:
+                try:
+                    os.killpg(server.pid, signal.SIGTERM)  # its own session: only our server
+                    server.wait(timeout=5)
+                except (ProcessLookupError, subprocess.TimeoutExpired):
+                    try:
+                        os.killpg(server.pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+            os.unlink(log_path)
+
+    def parse(self, raw: RawOutput) -> list[Sample]:
+        samples: list[Sample] = []
+        tags: list[str] = []
+        tag_labels: dict[str, dict] = {}
+        for tag, rc, text in split_segments(raw.stdout):
+            r = parse_iperf3_json(text, self.name)
+            if not tag:
+                tag = "rx" if r["reverse"] else "tx"
+            if (r["protocol"] == "udp") != self.udp:
+                raise LabError(f"{self.name}: the JSON is a {r['protocol'].upper()} test")
+            labels = {"direction": tag, "streams": r["streams"]}
+            if self.udp and raw.params.get("bitrate"):
+                labels["bitrate"] = raw.params["bitrate"]
+            tags.append(tag)
+            tag_labels[tag] = labels
+            samples.append(Sample(f"throughput_mbit_s_{tag}", r["throughput_mbit_s"], "Mbit/s", True, dict(labels)))
+            if self.udp:
+                samples.append(Sample(f"jitter_ms_{tag}", r["jitter_ms"], "ms", False, dict(labels)))
+                samples.append(Sample(f"loss_pct_{tag}", r["loss_pct"], "%", False, dict(labels)))
+            elif "retransmits" in r:
+                samples.append(Sample(f"retransmits_{tag}", r["retransmits"], "count", False, dict(labels)))
+        if any(f"cpu_before.{t}" in raw.extra for t in tags):
+            samples += cpu_samples(raw, tags=tags, tag_labels=tag_labels)
+        else:
+            samples += cpu_samples(raw)
+        return samples
+
+
+class Iperf3Tcp(_Iperf3):
+    name = "iperf3-tcp"
+    udp = False
+    defaults: dict[str, Any] = {"time": 10, "streams": 1, "directions": ["tx", "rx"], "port": 5201}
+
+
+class Iperf3Udp(_Iperf3):
+    name = "iperf3-udp"
+    udp = True
+    defaults: dict[str, Any] = {"time": 10, "streams": 1, "bitrate": "100M", "directions": ["tx", "rx"],
+                                "port": 5201}
+
+
+IPERF3_TCP = register(Iperf3Tcp())
+IPERF3_UDP = register(Iperf3Udp())

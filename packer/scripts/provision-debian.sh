@@ -1,0 +1,81 @@
+#!/bin/sh
+# Provisions the debian12 golden image inside the guest (run by Packer's shell provisioner as root).
+# Inputs uploaded by Packer: /tmp/lab-nginx.conf (rendered templates/nginx.conf.j2) and /tmp/lab-site
+# (templates/site, rendered). Output: /etc/lab-image.json, the tool versions the manifest records.
+set -eu
+export LC_ALL=C
+
+# nginx must have been built with TLS: the https workload depends on it.
+nginx -V 2>&1 | grep -q -- '--with-http_ssl_module' || { echo "nginx lacks http_ssl_module" >&2; exit 1; }
+
+# --- nginx: config, a per-image self-signed RSA-4096 certificate, the static site ---------------
+install -m 644 /tmp/lab-nginx.conf /etc/nginx/nginx.conf
+rm -f /etc/nginx/sites-enabled/default
+openssl req -x509 -newkey rsa:4096 -nodes -sha256 -days 3650 \
+    -subj "/CN=$(hostname)" -addext "subjectAltName=DNS:$(hostname)" \
+    -keyout /etc/nginx/lab.key -out /etc/nginx/lab.crt 2>/dev/null
+chmod 600 /etc/nginx/lab.key
+
+rm -rf /srv/www
+mkdir -p /srv/www
+cp -r /tmp/lab-site/. /srv/www/
+mkdir -p /srv/www/bulk
+# Bulk files: pseudo-random (incompressible) but deterministic: AES-128-CTR keystream of zeros.
+keystream() {
+    openssl enc -aes-128-ctr -nosalt -K "$1" -iv 00000000000000000000000000000000 -in /dev/zero 2>/dev/null \
+        | head -c "$2"
+}
+keystream 6c61622d62756c6b2d36346d00000000 67108864 > /srv/www/bulk/64m.bin
+keystream 6c61622d62756c6b2d316d0000000000 1048576 > /srv/www/bulk/1m.bin
+cp /srv/www/bulk/1m.bin /srv/www/1m.bin
+chown -R root:root /srv/www
+find /srv/www -type d -exec chmod 755 {} +
+find /srv/www -type f -exec chmod 644 {} +
+rm -rf /tmp/lab-site /tmp/lab-nginx.conf
+
+nginx -t 2>/dev/null || { nginx -t; exit 1; }
+systemctl enable nginx.service >/dev/null 2>&1
+systemctl restart nginx.service
+curl -fsS -o /dev/null http://127.0.0.1/ || { echo "nginx does not serve http" >&2; exit 1; }
+curl -fsSk -o /dev/null https://127.0.0.1/ || { echo "nginx does not serve https" >&2; exit 1; }
+
+# --- the version report --------------------------------------------------------------------------
+pkgver() { dpkg-query -W -f='${Version}' "$1" 2>/dev/null || echo ""; }
+first() { "$@" 2>&1 | head -n 1 | tr -d '\r"\\' ; }
+kernels=$(ls /lib/modules | tr '\n' ' ' | sed 's/ $//')
+kernels_json=$(for k in $kernels; do printf '"%s",' "$k"; done | sed 's/,$//')
+{
+    printf '{\n'
+    printf '  "kernels": [%s],\n' "$kernels_json"
+    printf '  "running_kernel": "%s",\n' "$(uname -r)"
+    printf '  "debian_version": "%s",\n' "$(cat /etc/debian_version)"
+    printf '  "tools": {\n'
+    printf '    "sysbench": "%s",\n' "$(first sysbench --version)"
+    printf '    "iperf3": "%s",\n' "$(first iperf3 --version)"
+    printf '    "nginx": "%s",\n' "$(first nginx -v)"
+    printf '    "openssl": "%s",\n' "$(first openssl version)"
+    printf '    "git": "%s",\n' "$(first git --version)"
+    printf '    "curl": "%s",\n' "$(first curl --version)"
+    printf '    "openssh": "%s"\n' "$(first ssh -V)"
+    printf '  },\n'
+    printf '  "packages": {\n'
+    printf '    "linux-image-amd64": "%s",\n' "$(pkgver linux-image-amd64)"
+    printf '    "sysbench": "%s",\n' "$(pkgver sysbench)"
+    printf '    "iperf3": "%s",\n' "$(pkgver iperf3)"
+    printf '    "nginx": "%s",\n' "$(pkgver nginx)"
+    printf '    "openssl": "%s",\n' "$(pkgver openssl)"
+    printf '    "git": "%s",\n' "$(pkgver git)"
+    printf '    "curl": "%s",\n' "$(pkgver curl)"
+    printf '    "openssh-server": "%s",\n' "$(pkgver openssh-server)"
+    printf '    "systemd": "%s"\n' "$(pkgver systemd)"
+    printf '  },\n'
+    printf '  "nginx_cert_sha256": "%s",\n' "$(openssl x509 -in /etc/nginx/lab.crt -noout -fingerprint -sha256 | cut -d= -f2)"
+    printf '  "site_files": %s,\n' "$(find /srv/www -type f | wc -l)"
+    printf '  "dpkg_packages": %s\n' "$(dpkg-query -W -f='${db:Status-Abbrev}\n' | grep -c '^ii')"
+    printf '}\n'
+} > /etc/lab-image.json
+
+# --- leave a clean image -------------------------------------------------------------------------
+rm -rf /var/log/nginx/* /tmp/* /root/.bash_history
+sync
+fstrim -v / >/dev/null 2>&1 || true

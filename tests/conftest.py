@@ -1,0 +1,82 @@
+"""Shared fixtures. Real parts only: VM tests boot the golden image built by `make images`."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import lab
+
+SHARED = lab.PROJECT_ROOT.parent / "shared"
+LAB = [sys.executable, "-m", "lab"]
+
+
+@pytest.fixture(scope="session")
+def shared_dir() -> Path:
+    if not SHARED.is_dir():
+        pytest.fail(f"{SHARED} is missing: tests load the PVE schema and bhyve data from ../shared")
+    return SHARED
+
+
+@pytest.fixture(scope="session")
+def golden():
+    """The golden Debian image. Missing in CI is a failure (make test builds it), not a skip."""
+    from lab import images
+    from lab.errors import UsageError
+
+    try:
+        return images.load("debian12")
+    except UsageError as exc:
+        if os.environ.get("CI"):
+            pytest.fail(f"golden image missing in CI: {exc}")
+        pytest.skip(f"{exc}")
+
+
+@pytest.fixture
+def workdir():
+    """A short path (unix socket paths are limited to 108 bytes) that only this test uses."""
+    d = Path(tempfile.mkdtemp(prefix="lw", dir="/var/tmp"))
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def write_lab(tmp_path: Path, workdir: Path, *, matrix: str = "", suite: str = "", extra: str = "") -> Path:
+    """A lab.toml for tests: local backend in `workdir`, results under tmp_path."""
+    text = textwrap.dedent(f"""
+        [lab]
+        name = "test"
+        results = "{tmp_path / 'results'}"
+
+        [hosts.local]
+        backend = "local"
+        workdir = "{workdir}"
+        boot_timeout = 300
+        """) + textwrap.dedent(extra) + "\n[matrix]\n" + textwrap.dedent(matrix) + "\n[suite]\n" + textwrap.dedent(suite)
+    path = tmp_path / "lab.toml"
+    path.write_text(text)
+    return path
+
+
+def run_lab_cli(*args: str, cwd: Path | None = None, timeout: float = 1800, env: dict | None = None):
+    return subprocess.run([*LAB, *args], capture_output=True, text=True, timeout=timeout, cwd=cwd,
+                          env={**os.environ, **(env or {})})
+
+
+def leftovers(workdir: Path, run_id: str | None = None) -> list[str]:
+    """What a run left on this machine: QEMU processes and namespaces of this workdir, files in it."""
+    from lab.backends import local
+
+    out = [f"qemu pid {pid} {name}" for pid, name in local.qemu_processes(workdir)]
+    for ns in local.list_netns():
+        if (run_id and ns == f"lab-{run_id}") or (workdir / f"{ns}.lock").exists():
+            out.append(f"netns {ns}")
+    if workdir.is_dir():
+        out += [f"file {p.name}" for p in workdir.iterdir() if p.name.startswith("lab-")]
+    return out

@@ -1,0 +1,12 @@
+"""A schema-driven Proxmox VE API emulator for contract tests of lab.backends.proxmox.
+
+A real threaded HTTPS server on 127.0.0.1 (self-signed CA made with the openssl CLI) that validates
+every request against the official PVE API schema (7.4, 8.4 or 9.1, loaded from ../shared/pve at
+test time) and models tasks, locks, vmid races, auth and the guest agent. See server.py.
+"""
+
+from .certs import CertSet, make_ca, make_certs
+from .schema import Schema, validate
+from .server import PveEmulator, PveError
+
+__all__ = ["CertSet", "PveEmulator", "PveError", "Schema", "make_ca", "make_certs", "validate"]

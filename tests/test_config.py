@@ -1,0 +1,94 @@
+"""lab.toml validation: the bad-input corpus under tests/data/bad-config, and good files."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from lab import config
+from lab.errors import ConfigError
+from lab.model import NicModel
+
+from conftest import run_lab_cli
+
+CORPUS = sorted((Path(__file__).parent / "data" / "bad-config").glob("*.toml"))
+
+
+def expected_key(path: Path) -> str:
+    first = path.read_bytes().splitlines()[0].decode()
+    assert first.startswith("# expect: "), f"{path.name} lacks its '# expect: KEY' line"
+    return first.removeprefix("# expect: ").strip()
+
+
+def test_corpus_is_large_enough():
+    assert len(CORPUS) >= 40
+
+
+@pytest.mark.parametrize("path", CORPUS, ids=[p.stem for p in CORPUS])
+def test_bad_config_names_file_key_value(path):
+    with pytest.raises(ConfigError) as info:
+        config.load(path)
+    message = str(info.value)
+    assert "\n" not in message
+    assert message.startswith(f"{path}: ")
+    assert expected_key(path) in message
+
+
+@pytest.mark.parametrize("command", ["plan", "run"])
+@pytest.mark.parametrize("path", CORPUS, ids=[p.stem for p in CORPUS])
+def test_bad_config_cli_exit_2_one_line_nothing_created(path, command, tmp_path):
+    target = tmp_path / "lab.toml"
+    shutil.copy(path, target)
+    res = run_lab_cli(command, "-c", str(target), cwd=tmp_path, timeout=60)
+    assert res.returncode == 2, res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1, res.stderr
+    assert "Traceback" not in res.stderr
+    assert lines[0].startswith("lab: error: ") and expected_key(path) in lines[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["lab.toml"], "something was created"
+
+
+def test_secret_pasted_inline_is_never_echoed():
+    path = next(p for p in CORPUS if p.stem == "pve-secret-inline")
+    with pytest.raises(ConfigError) as info:
+        config.load(path)
+    assert "SECRET" not in str(info.value)
+    assert "9a3c6a1e" not in str(info.value)
+
+
+def test_defaults_and_types(tmp_path):
+    p = tmp_path / "lab.toml"
+    p.write_text('[matrix]\nnic = ["virtio", "e1000"]\nvcpus = [1, 2]\n')
+    cfg = config.load(p)
+    assert cfg.matrix.nic == [NicModel.VIRTIO, NicModel.E1000]
+    assert cfg.matrix.vcpus == [1, 2]
+    assert cfg.hosts["local"].backend == "local"
+    assert cfg.results_dir == tmp_path / "results"
+    with pytest.raises(Exception):
+        cfg.lab.name = "changed"  # records are frozen
+
+
+def test_project_default_lab_is_valid():
+    cfg = config.load(config.Path(__file__).parent.parent / "lab.toml")
+    assert {n.value for n in cfg.matrix.nic} == {"virtio", "e1000"}
+    assert [cfg.hosts[h].backend for h in cfg.matrix.host] == ["local"]
+
+
+def test_missing_file_is_a_config_error(tmp_path):
+    with pytest.raises(ConfigError, match="no such file"):
+        config.load(tmp_path / "nope.toml")
+
+
+def test_resolve_secret_env_and_file(tmp_path, monkeypatch):
+    monkeypatch.setenv("LAB_TEST_TOKEN", "user@pam!lab=abc")
+    assert config.resolve_secret("env:LAB_TEST_TOKEN", "x.toml", "hosts.p.token") == "user@pam!lab=abc"
+    secret = tmp_path / "tok"
+    secret.write_text("user@pam!lab=def\n")
+    assert config.resolve_secret(f"file:{secret}", "x.toml", "hosts.p.token") == "user@pam!lab=def"
+    monkeypatch.delenv("LAB_TEST_TOKEN")
+    with pytest.raises(ConfigError, match="LAB_TEST_TOKEN is not set"):
+        config.resolve_secret("env:LAB_TEST_TOKEN", "x.toml", "hosts.p.token")
+    with pytest.raises(ConfigError, match="cannot read secret file"):
+        config.resolve_secret(f"file:{tmp_path / 'missing'}", "x.toml", "hosts.p.token")

@@ -1,0 +1,302 @@
+"""Golden images: Packer template validity, the recipe digest, load() errors, the built manifest."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import struct
+import zlib
+from pathlib import Path
+
+import pytest
+
+import lab
+from lab import images, proc
+from lab.errors import UsageError
+
+# ---------------------------------------------------------------------------------------------
+# the Packer template
+
+
+def _fake_stage(tmp_path: Path) -> dict[str, str]:
+    key = tmp_path / "key"
+    proc.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", key], timeout=30)
+    stage = tmp_path / "stage"
+    (stage / "site").mkdir(parents=True)
+    (stage / "nginx.conf").write_text("events {}\n")
+    disk = tmp_path / "base.qcow2"
+    disk.write_bytes(b"")
+    for name in ("vmlinuz", "initrd.img"):
+        (tmp_path / name).write_bytes(b"")
+    return {"disk_in": str(disk), "output_dir": str(tmp_path / "out"), "kernel": str(tmp_path / "vmlinuz"),
+            "initrd": str(tmp_path / "initrd.img"), "cmdline": images.DEBIAN12.cmdline,
+            "ssh_key": str(key), "stage_dir": str(stage), "report_out": str(tmp_path / "report.json"),
+            "console_log": str(tmp_path / "console.log")}
+
+
+def _validate(template: Path, pvars: dict[str, str]) -> proc.Result:
+    argv = ["packer", "validate", *[a for k, v in pvars.items() for a in ("-var", f"{k}={v}")], template]
+    return proc.run(argv, timeout=60, check=False, env={"CHECKPOINT_DISABLE": "1"})
+
+
+def test_packer_template_validates(tmp_path):
+    res = _validate(lab.PACKER_DIR / images.DEBIAN12.packer_template, _fake_stage(tmp_path))
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "Error" not in res.stdout + res.stderr
+
+
+def test_packer_validate_catches_a_broken_template(tmp_path):
+    # The test above means something only if validate rejects a template that is wrong.
+    broken = tmp_path / "broken.pkr.hcl"
+    text = (lab.PACKER_DIR / images.DEBIAN12.packer_template).read_text()
+    broken.write_text(text.replace('accelerator      = "tcg"', 'accelerator      = "warp-drive"'))
+    scripts = tmp_path / "scripts"
+    shutil.copytree(lab.PACKER_DIR / "scripts", scripts)
+    res = _validate(broken, _fake_stage(tmp_path))
+    assert res.returncode != 0
+    assert "accelerator" in (res.stdout + res.stderr)
+
+
+def test_packer_template_keeps_the_build_contract():
+    text = (lab.PACKER_DIR / images.DEBIAN12.packer_template).read_text()
+    for needle in ('disk_image       = true', 'use_backing_file = false', '"-kernel"', '"-initrd"',
+                   '"-append"', 'headless         = true', 'provision-debian.sh', 'direction   = "download"',
+                   'hostfwd=tcp:127.0.0.1:'):
+        assert needle in text, needle
+
+
+# ---------------------------------------------------------------------------------------------
+# the recipe digest
+
+
+def _copy_inputs(tmp_path: Path) -> tuple[Path, Path]:
+    pdir, tdir = tmp_path / "packer", tmp_path / "templates"
+    shutil.copytree(lab.PACKER_DIR, pdir)
+    shutil.copytree(lab.TEMPLATES_DIR, tdir)
+    return pdir, tdir
+
+
+def test_digest_is_stable_and_matches_a_copy_of_the_inputs(tmp_path):
+    pdir, tdir = _copy_inputs(tmp_path)
+    a = images.recipe_digest("debian12")
+    assert a == images.recipe_digest("debian12")
+    assert len(a) == 64 and int(a, 16) >= 0
+    # The digest depends on content and relative paths only, not on where the checkout lives.
+    assert images.recipe_digest("debian12", packer_dir=pdir, templates_dir=tdir) == a
+
+
+@pytest.mark.parametrize("rel", [
+    "packer/debian12.pkr.hcl",
+    "packer/scripts/provision-debian.sh",
+    "packer/scripts/debian-rootfs-customize.sh",
+    "templates/nginx.conf.j2",
+    "templates/image/masked-units",
+    "templates/image/rootfs/usr/local/sbin/lab-net",
+    "templates/site/css/style.css",
+])
+def test_digest_changes_when_an_input_changes(tmp_path, rel):
+    pdir, tdir = _copy_inputs(tmp_path)
+    before = images.recipe_digest("debian12", packer_dir=pdir, templates_dir=tdir)
+    f = tmp_path / rel
+    assert f.is_file(), rel
+    f.write_bytes(f.read_bytes() + b"\n# changed\n")
+    after = images.recipe_digest("debian12", packer_dir=pdir, templates_dir=tdir)
+    assert after != before
+
+
+def test_digest_changes_when_a_site_file_is_added_or_a_script_loses_its_x_bit(tmp_path):
+    pdir, tdir = _copy_inputs(tmp_path)
+    base = images.recipe_digest("debian12", packer_dir=pdir, templates_dir=tdir)
+    (tdir / "site" / "pages" / "new.html").write_text("{% extends 'layout.html.j2' %}\n")
+    added = images.recipe_digest("debian12", packer_dir=pdir, templates_dir=tdir)
+    assert added != base
+    (tdir / "site" / "pages" / "new.html").unlink()
+    assert images.recipe_digest("debian12", packer_dir=pdir, templates_dir=tdir) == base
+    os.chmod(pdir / "scripts" / "provision-debian.sh", 0o644)
+    assert images.recipe_digest("debian12", packer_dir=pdir, templates_dir=tdir) != base
+
+
+def test_digest_changes_when_the_package_list_changes(monkeypatch):
+    base = images.recipe_digest("debian12")
+    changed = images.Recipe(**{**images.DEBIAN12.__dict__,
+                               "packages": images.DEBIAN12.packages + ("podman",)})
+    monkeypatch.setitem(images.RECIPES, "debian12", changed)
+    assert images.recipe_digest("debian12") != base
+
+
+def test_every_input_file_is_covered():
+    labels = [label for label, _ in images.input_files("debian12")]
+    for needed in ("packer/debian12.pkr.hcl", "packer/scripts/provision-debian.sh",
+                   "templates/nginx.conf.j2", "templates/image/masked-units",
+                   "templates/site/layout.html.j2", "templates/site/css/style.css"):
+        assert needed in labels
+    assert labels == sorted(labels)
+
+
+# ---------------------------------------------------------------------------------------------
+# load() and list_images()
+
+
+def test_load_missing_image_says_how_to_build_it(tmp_path):
+    with pytest.raises(UsageError) as err:
+        images.load("debian12", images_dir=tmp_path)
+    assert str(err.value) == "image 'debian12' is not built: run `make images`"
+    assert images.list_images(images_dir=tmp_path) == []
+
+
+def test_load_unknown_image_lists_known_names(tmp_path):
+    with pytest.raises(UsageError) as err:
+        images.load("windows95", images_dir=tmp_path)
+    assert "windows95" in str(err.value)
+    assert "debian12" in str(err.value)
+
+
+def test_load_manifest_without_its_disk_is_not_built(tmp_path):
+    (tmp_path / "debian12.json").write_text(json.dumps(
+        {"name": "debian12", "os": "debian", "recipe_digest": "d" * 64, "sha256": "s" * 64,
+         "paths": {"disk": "debian12.qcow2"}}))
+    with pytest.raises(UsageError, match="not built"):
+        images.load("debian12", images_dir=tmp_path)
+    (tmp_path / "debian12.qcow2").write_bytes(b"QFI\xfb")
+    ref = images.load("debian12", images_dir=tmp_path)
+    assert ref.path == tmp_path / "debian12.qcow2"
+    assert ref.digest == "d" * 64 and ref.sha256 == "s" * 64 and ref.os == "debian"
+    assert [r.name for r in images.list_images(images_dir=tmp_path)] == ["debian12"]
+    # Not up to date: the digest is not the current recipe's and artifacts are missing.
+    assert images.up_to_date("debian12", tmp_path) is None
+
+
+# ---------------------------------------------------------------------------------------------
+# pure helpers
+
+
+def test_key_fingerprint_matches_ssh_keygen(tmp_path):
+    key = tmp_path / "k"
+    proc.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", key], timeout=30)
+    expected = proc.run(["ssh-keygen", "-lf", f"{key}.pub"], timeout=30).stdout.split()[1]
+    assert images.key_fingerprint((tmp_path / "k.pub").read_text()) == expected
+
+
+def test_png_is_deterministic_and_valid():
+    a = images.png(40, 30, 7)
+    assert a == images.png(40, 30, 7)
+    assert a != images.png(40, 30, 8)
+    assert a.startswith(b"\x89PNG\r\n\x1a\n")
+    width, height = struct.unpack(">II", a[16:24])
+    assert (width, height) == (40, 30)
+    idat_len = struct.unpack(">I", a[33:37])[0]
+    assert a[37:41] == b"IDAT"
+    raw = zlib.decompress(a[41:41 + idat_len])
+    assert len(raw) == height * (1 + 3 * width)
+
+
+def test_render_stage_makes_the_site_and_nginx_conf(tmp_path):
+    images.render_stage("debian12", tmp_path)
+    conf = (tmp_path / "nginx.conf").read_text()
+    assert "worker_processes auto;" in conf
+    assert "listen 443 ssl" in conf and "http2" not in conf.replace("no http2", "")
+    assert "access_log off;" in conf and "root /srv/www;" in conf
+    assert "ssl_certificate /etc/nginx/lab.crt;" in conf
+    site = tmp_path / "site"
+    pages = sorted(p.name for p in site.glob("*.html"))
+    assert "index.html" in pages and len(pages) >= 5
+    index = (site / "index.html").read_text()
+    for p in pages:
+        if p != "index.html":
+            assert f'href="/{p}"' in index
+    assert (site / "css" / "style.css").is_file()
+    pngs = list((site / "img").glob("*.png"))
+    assert len(pngs) >= 3 and all(p.read_bytes().startswith(b"\x89PNG") for p in pngs)
+    again = tmp_path / "again"
+    images.render_stage("debian12", again)
+    for f in site.rglob("*"):
+        if f.is_file():
+            assert (again / "site" / f.relative_to(site)).read_bytes() == f.read_bytes()
+
+
+def test_mirrors_come_from_the_host_apt_sources(tmp_path, monkeypatch):
+    monkeypatch.delenv("LAB_DEBIAN_MIRROR", raising=False)
+    deb822 = tmp_path / "debian.sources"
+    deb822.write_text("Types: deb\nURIs: http://mirror.example/debian\nSuites: bookworm bookworm-updates\n"
+                      "Components: main\n\nTypes: deb\nURIs: http://mirror.example/debian-security\n"
+                      "Suites: bookworm-security\nComponents: main\n")
+    other = tmp_path / "other.list"
+    other.write_text("deb [signed-by=/k.gpg] https://packages.example/apt cloud-sdk main\n")
+    lines = images.debian_mirrors("bookworm", sources=[other, deb822])
+    assert lines == ["deb http://mirror.example/debian bookworm main",
+                     "deb http://mirror.example/debian bookworm-updates main",
+                     "deb http://mirror.example/debian-security bookworm-security main"]
+    one_line = tmp_path / "sources.list"
+    one_line.write_text("# comment\ndeb http://ftp.example/debian bookworm main contrib\n")
+    assert images.debian_mirrors("bookworm", sources=[one_line])[0] == "deb http://ftp.example/debian bookworm main"
+    assert images.debian_mirrors("bookworm", sources=[])[2].startswith("deb http://deb.debian.org/debian-security")
+
+
+# ---------------------------------------------------------------------------------------------
+# the built image (needs `make images`)
+
+MANIFEST = lab.IMAGES_DIR / "debian12.json"
+needs_image = pytest.mark.skipif(not MANIFEST.is_file(),
+                                 reason="images/debian12.json is absent: run `make images` first")
+
+
+@pytest.mark.image
+@needs_image
+def test_manifest_describes_the_image():
+    ref = images.load("debian12")
+    m = ref.manifest
+    assert m["name"] == "debian12" and m["os"] == "debian" and ref.os == "debian"
+    assert m["root_label"] == "labroot"
+    assert "root=LABEL=labroot" in m["cmdline"] and "console=ttyS0" in m["cmdline"]
+    assert "net.ifnames=0" in m["cmdline"]
+    assert m["ready_marker"] == "LAB-READY"
+    assert m["kernel"].endswith("-amd64") and not m["kernel"].endswith("cloud-amd64")
+    assert m["kernels"] == [m["kernel"]]
+    assert m["build_seconds"] > 0 and m["built_at"]
+    for tool, prefix in {"sysbench": "sysbench 1.", "iperf3": "iperf 3.", "nginx": "nginx version: nginx/1.",
+                         "openssl": "OpenSSL 3.", "git": "git version 2.", "curl": "curl 7.",
+                         "openssh": "OpenSSH_9."}.items():
+        assert m["tools"][tool].startswith(prefix), (tool, m["tools"].get(tool))
+    for pkg in ("sysbench", "iperf3", "nginx", "openssl", "git", "curl", "openssh-server", "linux-image-amd64"):
+        assert m["packages"][pkg], pkg
+
+
+@pytest.mark.image
+@needs_image
+def test_manifest_artifacts_exist_and_sha256_matches():
+    ref = images.load("debian12")
+    m = ref.manifest
+    for rel in m["paths"].values():
+        assert (lab.IMAGES_DIR / rel).is_file(), rel
+    assert ref.path.stat().st_size == m["size"]
+    assert images.file_sha256(ref.path) == m["sha256"] == ref.sha256
+    assert ref.path.read_bytes()[:4] == b"QFI\xfb"  # qcow2 magic
+    pub = (lab.IMAGES_DIR / m["paths"]["ssh_pubkey"]).read_text()
+    assert pub.startswith("ssh-ed25519 ")
+    assert images.key_fingerprint(pub) == m["ssh_key_fingerprint"]
+    assert oct((lab.IMAGES_DIR / m["paths"]["ssh_key"]).stat().st_mode & 0o777) == "0o600"
+
+
+@pytest.mark.image
+@needs_image
+def test_built_image_is_up_to_date_with_the_checkout():
+    ref = images.load("debian12")
+    current = images.recipe_digest("debian12")
+    if ref.digest != current:
+        pytest.skip("the recipe changed since the image was built: run `make images`")
+    assert images.up_to_date("debian12") == ref
+    # build() is a no-op for an up-to-date image: it returns at once and reports so.
+    heard: list[str] = []
+    assert images.build("debian12", progress=heard.append) == ref
+    assert len(heard) == 1 and heard[0].startswith("up to date")
+
+
+def test_guest_and_build_scripts_pass_shellcheck():
+    if shutil.which("shellcheck") is None:
+        pytest.skip("shellcheck is not installed (make setup installs it)")
+    scripts = sorted((lab.PACKER_DIR / "scripts").glob("*debian*.sh"))
+    scripts += sorted((lab.TEMPLATES_DIR / "image" / "rootfs" / "usr" / "local" / "sbin").iterdir())
+    assert len(scripts) >= 5
+    res = proc.run(["shellcheck", "-S", "warning", *scripts], timeout=60, check=False)
+    assert res.returncode == 0, res.stdout

@@ -1,0 +1,365 @@
+"""lab.backends.proxmox against the PVE emulator (proxmoxer over real HTTPS, schema-validated)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from proxmoxer import ProxmoxAPI
+from pve_emulator import make_ca
+from pve_emulator.fixtures import (  # noqa: F401  (fixtures)
+    TEMPLATE_VMID,
+    TOKEN_ID,
+    TOKEN_SECRET,
+    VM_PRIVS,
+    backend_settings,
+    pve_certs_fixture,
+    pve_fixture,
+)
+
+from lab.backends import BACKENDS
+from lab.backends.proxmox import ProxmoxBackend
+from lab.errors import AuthError, BackendError, TimeoutError_, UnreachableError, UsageError
+from lab.model import CloneKind, ImageRef, NicModel, VmSpec
+
+IMAGE = ImageRef(name="debian12", os="debian", path=Path("debian12"), digest="d1")
+
+
+def spec(name="lab-r1-c1", *, ip="10.0.0.5", mac="BC:24:11:12:34:56", nic=NicModel.E1000,
+         clone=CloneKind.LINKED, run_id="r1") -> VmSpec:
+    return VmSpec(name=name, run_id=run_id, cell_id="c1", image=IMAGE, nic=nic, vcpus=2, memory_mib=1024,
+                  clone=clone, ip=ip, mac=mac, expires_at=1_900_000_000.0)
+
+
+def test_registered():
+    assert BACKENDS["proxmox"] is ProxmoxBackend
+
+
+@pytest.mark.parametrize("pve", ["7.4", "8.4", "9.1"], indirect=True)
+def test_full_lifecycle(pve):
+    b = ProxmoxBackend("pve1", backend_settings(pve))
+    b.check()
+    facts = b.facts()
+    assert facts["pve_release"] == pve.version and facts["node"] == "pve1" and facts["cpu_type"] == "host"
+    client = b.open_run("r1")
+    assert client.address == "" and client.argv(["iperf3", "-s"]) == ["iperf3", "-s"]
+
+    vm = b.clone(IMAGE, spec())
+    vmid = vm.handle["vmid"]
+    assert vmid >= 100 and vmid != TEMPLATE_VMID
+    cfg = pve.vm(vmid).config
+    assert cfg["net0"] == "e1000=BC:24:11:12:34:56,bridge=vmbr0"
+    assert cfg["cores"] == 2 and cfg["sockets"] == 1 and cfg["cpu"] == "host"
+    assert cfg["memory"] == (1024 if pve.version == "7.4" else "1024")  # int on 7.x, string on 8.1+
+    assert cfg["ipconfig0"] == "ip=10.0.0.5/24,gw=10.0.0.1"
+    assert cfg["sshkeys"].startswith("ssh-ed25519%20AAAA") and "+" not in cfg["sshkeys"]
+    assert "%2B" in cfg["sshkeys"] and "%2F" in cfg["sshkeys"] and "%3D" in cfg["sshkeys"]
+    assert cfg["tags"] == "lab;lab-run-r1" and "lab-run-id: r1" in cfg["description"]
+    assert cfg["name"] == "lab-r1-c1" and "lock" not in cfg
+    assert ("ciupgrade" in cfg) == (pve.version != "7.4")
+    clone_calls = [p for m, path, p in pve.requests if path.endswith("/clone")]
+    assert clone_calls[-1]["full"] == "0" and clone_calls[-1]["newid"] == str(vmid)
+
+    b.start(vm)
+    assert b.wait_ready(vm, timeout=10) == "10.0.0.5"
+    assert vm.address == "10.0.0.5" and vm.facts["address_source"] == "agent"
+
+    owned = b.list_owned()
+    assert [(o.name, o.run_id, o.expires_at, o.detail) for o in owned] == \
+        [("lab-r1-c1", "r1", 1_900_000_000.0, f"pve1/{vmid}")]
+
+    b.destroy(vm)
+    assert pve.vm_ids() == [] and pve.vm_ids(include_templates=True) == [TEMPLATE_VMID]
+    b.destroy(vm)  # idempotent: already gone is fine
+    deletes = [p for m, path, p in pve.requests if m == "DELETE"]
+    assert deletes and all(p["purge"] == "1" and p["destroy-unreferenced-disks"] == "1" for p in deletes)
+    assert not pve.active_tasks()
+    b.close_run("r1")
+
+
+def test_dhcp_address_is_matched_by_mac(pve):
+    b = ProxmoxBackend("pve1", backend_settings(pve))
+    vm = b.clone(IMAGE, spec(ip="", mac="", nic=NicModel.VIRTIO))
+    cfg = pve.vm(vm.handle["vmid"]).config
+    assert cfg["ipconfig0"] == "ip=dhcp" and cfg["net0"].startswith("virtio=")
+    b.start(vm)
+    addr = b.wait_ready(vm, timeout=10)
+    assert addr.startswith("10.99.")  # not lo, not docker0, not link-local
+    b.destroy(vm)
+    assert pve.vm_ids() == []
+
+
+def test_full_clone_sends_storage(pve):
+    b = ProxmoxBackend("pve1", backend_settings(pve))
+    vm = b.clone(IMAGE, spec(clone=CloneKind.FULL))
+    call = [p for m, path, p in pve.requests if path.endswith("/clone")][-1]
+    assert call["full"] == "1" and call["storage"] == "local-lvm"
+    b.destroy(vm)
+    assert pve.vm_ids() == []
+
+
+def test_template_by_name(pve):
+    b = ProxmoxBackend("pve1", backend_settings(pve, template="debian12"))
+    b.check()
+    vm = b.clone(IMAGE, spec())
+    b.destroy(vm)
+    with pytest.raises(Exception, match="no template named 'nope'"):
+        ProxmoxBackend("pve1", backend_settings(pve, template="nope")).check()
+
+
+def test_clone_task_failing_midway_leaves_nothing(pve):
+    b = ProxmoxBackend("pve1", backend_settings(pve))
+    pve.fail_next("qmclone", "clone failed: lvcreate 'pve/vm-100-disk-0' error: out of space")
+    with pytest.raises(BackendError) as err:
+        b.clone(IMAGE, spec())
+    assert "out of space" in str(err.value) and "clone of template 9000" in str(err.value)
+    assert pve.vm_ids() == []
+    assert sum(1 for t in pve.tasks.values() if t.type == "qmclone") == 1  # not retried
+
+
+def test_lock_on_template_is_retried(pve):
+    pve.hold_lock(TEMPLATE_VMID, "clone", 0.5)
+    b = ProxmoxBackend("pve1", backend_settings(pve))
+    vm = b.clone(IMAGE, spec())
+    refused = [p for m, path, p in pve.requests if path.endswith("/clone")]
+    assert len(refused) >= 2  # first attempt(s) got "VM is locked (clone)"
+    b.destroy(vm)
+    assert pve.vm_ids() == []
+
+
+def test_storage_lock_contention_is_retried(pve):
+    """Another client's full clone holds the storage lock: our clone task fails with PVE's
+    `can't lock file` error, is retried with backoff, and succeeds."""
+    pve.storage_slots, pve.storage_lock_timeout, pve.full_clone_seconds = 1, 0.05, 1.2
+    user, name = TOKEN_ID.split("!")
+    other = ProxmoxAPI(pve.url.removeprefix("https://"), user=user, token_name=name,
+                       token_value=TOKEN_SECRET, verify_ssl=str(pve.certs.ca_file), timeout=10)
+    other.nodes("pve1").qemu(TEMPLATE_VMID).clone.post(newid=500, full=1, name="someone-else")
+    b = ProxmoxBackend("pve1", backend_settings(pve))
+    vm = b.clone(IMAGE, spec())
+    failed = [t.exitstatus for t in pve.tasks.values() if t.type == "qmclone" and t.exitstatus not in (None, "OK")]
+    assert failed and all(f == "clone failed: can't lock file '/var/lock/pve-manager/pve-storage-local-lvm' "
+                                "- got timeout" for f in failed)
+    b.destroy(vm)
+    assert pve.vm_ids() == [500]
+
+
+@pytest.mark.parametrize("concurrency", [1, 2])
+def test_clone_concurrency_is_bounded(pve, concurrency):
+    pve.storage_slots = 4
+    b = ProxmoxBackend("pve1", backend_settings(pve, concurrency=concurrency))
+    vms, errors = [], []
+
+    def one(i):
+        try:
+            vms.append(b.clone(IMAGE, spec(name=f"lab-r1-c{i}", mac="", ip=f"10.0.0.{10 + i}")))
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert not errors and len({vm.handle["vmid"] for vm in vms}) == 3
+    spans = [(t.start, t.end) for t in pve.tasks.values() if t.type == "qmclone"]
+    overlap = max(sum(1 for s2, e2 in spans if s2 <= s < e2) for s, _e in spans)
+    assert overlap <= concurrency
+    for vm in vms:
+        b.destroy(vm)
+    assert pve.vm_ids() == []
+
+
+def test_config_waits_for_clone_lock(pve):
+    """A clone's target is locked until the task ends; configuring must come after the wait."""
+    b = ProxmoxBackend("pve1", backend_settings(pve))
+    vm = b.clone(IMAGE, spec())
+    puts = [(m, path) for m, path, p in pve.requests if m == "PUT"]
+    assert len(puts) == 1  # no "VM is locked (clone)" round trip: the task was awaited
+    b.destroy(vm)
+
+
+def test_agent_never_answers_falls_back_to_static_ip(pve):
+    pve.agent_delay = None
+    b = ProxmoxBackend("pve1", backend_settings(pve))
+    vm = b.clone(IMAGE, spec(ip="10.0.0.7"))
+    b.start(vm)
+    assert b.wait_ready(vm, timeout=5) == "10.0.0.7"
+    assert vm.facts["address_source"] == "static"
+    b.destroy(vm)
+    assert pve.vm_ids() == []
+
+
+def test_agent_never_answers_without_static_ip_times_out_clearly(pve):
+    pve.agent_delay = None
+    b = ProxmoxBackend("pve1", backend_settings(pve))
+    vm = b.clone(IMAGE, spec(ip=""))
+    b.start(vm)
+    t0 = time.monotonic()
+    with pytest.raises(TimeoutError_) as err:
+        b.wait_ready(vm, timeout=1.0)
+    assert time.monotonic() - t0 < 5
+    msg = str(err.value)
+    assert "guest agent" in msg and "QEMU guest agent is not running" in msg and str(vm.handle["vmid"]) in msg
+    b.destroy(vm)
+    assert pve.vm_ids() == []
+
+
+def test_agent_late_is_awaited(pve):
+    pve.agent_delay = 0.5
+    b = ProxmoxBackend("pve1", backend_settings(pve))
+    vm = b.clone(IMAGE, spec(ip=""))
+    b.start(vm)
+    assert b.wait_ready(vm, timeout=10).startswith("10.99.")
+    b.destroy(vm)
+
+
+def test_bad_token_is_one_line_auth_error_without_secret(pve, caplog):
+    caplog.set_level(logging.DEBUG)
+    wrong = "0000dead-beef-4000-8000-000000000000"
+    b = ProxmoxBackend("pve1", backend_settings(pve, token=f"lab@pve!lab={wrong}"))
+    with pytest.raises(AuthError) as err:
+        b.check()
+    msg = str(err.value)
+    assert msg == "pve1: authentication failed (401) for token lab@pve!lab"
+    assert err.value.exit_code == 2 and "\n" not in msg
+    for text in (msg, repr(err.value), err.value.hint or "", repr(b), caplog.text):
+        assert wrong not in text and TOKEN_SECRET not in text
+
+
+def test_missing_privilege_names_it(pve):
+    pve.add_token("lab@pve!noclone", "s3cr3t-noclone", privsep=True, acl={"/vms": VM_PRIVS - {"VM.Clone"}})
+    b = ProxmoxBackend("pve1", backend_settings(pve, token="lab@pve!noclone=s3cr3t-noclone"))
+    b.check()  # reading the template is allowed
+    with pytest.raises(AuthError) as err:
+        b.clone(IMAGE, spec())
+    assert "Permission check failed (/vms/9000, VM.Clone)" in str(err.value)
+    assert "s3cr3t" not in str(err.value)
+    assert pve.vm_ids() == []
+
+
+def test_fresh_privsep_token_fails_check(pve):
+    pve.add_token("lab@pve!fresh", "fresh-secret", privsep=True)  # no ACLs at all
+    b = ProxmoxBackend("pve1", backend_settings(pve, token="lab@pve!fresh=fresh-secret"))
+    with pytest.raises(AuthError, match=r"Permission check failed \(/vms/9000, VM.Audit\)"):
+        b.check()
+
+
+def test_wrong_ca_is_unreachable(pve, tmp_path):
+    _key, other_ca = make_ca(tmp_path, "other-ca")
+    b = ProxmoxBackend("pve1", backend_settings(pve, ca_file=str(other_ca)))
+    with pytest.raises(UnreachableError) as err:
+        b.check()
+    assert pve.url in str(err.value) and "TLS" in str(err.value) and err.value.hint
+    ProxmoxBackend("pve1", backend_settings(pve, ca_file=None, verify_tls=False)).check()
+
+
+def test_unreachable_names_url():
+    b = ProxmoxBackend("pve1", {"url": "https://127.0.0.1:9", "node": "pve1", "token": "a@pam!b=c",
+                                "template": 9000, "timeouts": {"http": 2}})
+    with pytest.raises(UnreachableError, match=r"https://127.0.0.1:9"):
+        b.check()
+
+
+def test_password_login_uses_ticket_and_csrf(pve):
+    pve.add_user("lab@pve", "pa55word", acl=FULL_ACL_FOR_USER)
+    b = ProxmoxBackend("pve1", backend_settings(pve, token=None, user="lab@pve", password="pa55word"))
+    b.check()
+    vm = b.clone(IMAGE, spec())
+    b.destroy(vm)
+    assert pve.vm_ids() == []
+    bad = ProxmoxBackend("pve1", backend_settings(pve, token=None, user="lab@pve", password="wrong-pw"))
+    with pytest.raises(AuthError) as err:
+        bad.check()
+    assert str(err.value) == "pve1: authentication failed (401) for user lab@pve"
+
+
+def test_vmid_stolen_between_nextid_and_clone(pve):
+    b = ProxmoxBackend("pve1", backend_settings(pve))
+    pve.steal_next_vmid()
+    vm = b.clone(IMAGE, spec())
+    stolen = [v for v in pve.vm_ids() if v != vm.handle["vmid"]]
+    assert len(stolen) == 1 and vm.handle["vmid"] != stolen[0]
+    assert [o.detail for o in b.list_owned()] == [f"pve1/{vm.handle['vmid']}"]  # not someone else's
+    b.destroy(vm)
+    assert pve.vm_ids() == stolen
+
+
+def test_two_orchestrators_racing_get_different_vmids(pve):
+    pve.nextid_lag = 5.0  # both see the same "next free" id
+    backends = [ProxmoxBackend("pve1", backend_settings(pve)) for _ in range(2)]
+    barrier = threading.Barrier(2)
+    vms, errors = [], []
+
+    def one(i):
+        try:
+            barrier.wait(5)
+            vms.append(backends[i].clone(IMAGE, spec(name=f"lab-r1-c{i}", mac="", ip="")))
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert not errors
+    ids = sorted(vm.handle["vmid"] for vm in vms)
+    assert len(set(ids)) == 2
+    clone_posts = [p["newid"] for m, path, p in pve.requests if path.endswith("/clone")]
+    assert len(clone_posts) == 3 and clone_posts.count(str(ids[0])) == 2  # one collision, one retry
+    for i, vm in enumerate(vms):
+        backends[i].destroy(vm)
+    assert pve.vm_ids() == []
+
+
+def test_wrong_node_or_template_is_a_usage_error(pve):
+    b = ProxmoxBackend("pve1", backend_settings(pve, node="pve2"))
+    with pytest.raises(UsageError, match=r"template 9000 not found on node pve2: .*nodes/pve2/qemu-server/"
+                                         r"9000.conf' does not exist"):
+        b.check()
+    with pytest.raises(UsageError, match="hostname lookup 'pve9' failed"):
+        ProxmoxBackend("pve1", backend_settings(pve, node="pve9")).check()
+    b = ProxmoxBackend("pve1", backend_settings(pve))
+    vm = b.clone(IMAGE, spec())
+    with pytest.raises(UsageError, match=f"VM {vm.handle['vmid']} on node pve1 is not a template"):
+        ProxmoxBackend("pve1", backend_settings(pve, template=vm.handle["vmid"])).check()
+    b.destroy(vm)
+
+
+def test_remove_owned_after_crash(pve):
+    b = ProxmoxBackend("pve1", backend_settings(pve))
+    vm = b.clone(IMAGE, spec(run_id="crashed run"))
+    b.start(vm)
+    fresh = ProxmoxBackend("pve1", backend_settings(pve))  # a later `lab gc`
+    owned = fresh.list_owned()
+    assert [o.run_id for o in owned] == ["crashed run"]
+    assert pve.vm(vm.handle["vmid"]).config["tags"] == "lab;lab-run-crashed-run"
+    fresh.remove_owned(owned[0])  # running: stopped first, then destroyed
+    assert pve.vm_ids() == [] and fresh.list_owned() == []
+
+
+def test_settings_and_repr_hide_secrets():
+    b = ProxmoxBackend("pve1", {"url": "https://pve:8006", "node": "pve1", "token": "u@pve!t=topsecret"})
+    assert "topsecret" not in repr(b) and "topsecret" not in str(vars(b).get("principal"))
+    with pytest.raises(Exception) as err:
+        ProxmoxBackend("pve1", {"url": "https://pve:8006", "node": "pve1", "token": "garbage-topsecret"})
+    assert "topsecret" not in str(err.value)
+
+
+FULL_ACL_FOR_USER = {"/vms": VM_PRIVS, "/storage": {"Datastore.AllocateSpace"}}
+
+
+def test_secret_references_are_resolved(pve, monkeypatch, tmp_path):
+    monkeypatch.setenv("LAB_TEST_PVE_TOKEN", f"lab@pve!lab={TOKEN_SECRET}")
+    b = ProxmoxBackend("pve1", backend_settings(pve, token="env:LAB_TEST_PVE_TOKEN", subnet_prefix=16,
+                                                backend="proxmox", source="lab.toml", addresses=[]))
+    b.check()
+    assert b.prefix_len == 16 and TOKEN_SECRET not in repr(b)
+    secret_file = tmp_path / "pw"
+    secret_file.write_text("pa55word\n")
+    pve.add_user("lab@pve", "pa55word", acl=FULL_ACL_FOR_USER)
+    ProxmoxBackend("pve1", backend_settings(pve, token=None, user="lab@pve", password=f"file:{secret_file}")).check()
