@@ -129,11 +129,16 @@ results_option = click.option("--results", "results_dir", default=None, type=cli
 
 
 def _store(config_path: str, results_dir: str | None) -> Store:
+    """The store of an existing results directory (reading commands never create one)."""
     if results_dir:
-        return Store(Path(results_dir))
-    if Path(config_path).exists():
-        return Store(config.load(config_path).results_dir)
-    return Store(Path("results"))
+        where = Path(results_dir)
+    elif Path(config_path).exists():
+        where = config.load(config_path).results_dir
+    else:
+        where = Path("results")
+    if not (where / Store.FILENAME).exists():
+        raise UsageError(f"no runs in {where} (no {Store.FILENAME}); `lab run` makes one")
+    return Store(where)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

@@ -62,10 +62,16 @@ class ProxmoxHost(_Strict):
     verify_tls: bool = True
     ca_file: str | None = None
     concurrency: int = Field(default=2, ge=1, le=32)
+    cpu_type: str = "host"
+    ci_user: str = "lab"
+    ssh_keys: str | list[str] | None = None  # default: the lab key of images/
     client_address: str = ""
     gateway: str = ""
-    subnet_prefix: int = Field(default=24, ge=8, le=30)
-    addresses: list[str] = []
+    prefix_len: int = Field(default=24, ge=8, le=30)
+    timeouts: dict[Literal["http", "clone", "config", "start", "stop", "destroy", "ready", "agent"],
+                   Annotated[float, Field(gt=0, le=86400)]] = {}
+    lock_retries: int = Field(default=6, ge=0, le=100)
+    retry_backoff: float = Field(default=2.0, gt=0, le=300)
 
     @field_validator("url")
     @classmethod

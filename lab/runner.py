@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from lab import __version__, hostinfo, images, osfacts, plan, tuning
+from lab import IMAGES_DIR, __version__, hostinfo, images, osfacts, plan, tuning
 from lab.backends import BACKENDS
 from lab.config import LabConfig
 from lab.errors import LabError, TeardownError, VerificationError
@@ -111,6 +111,9 @@ def build_backends(cfg: LabConfig, hosts: set[str]) -> dict[str, Any]:
             cls = BACKENDS[hc.backend]
         settings = hc.model_dump()
         settings["source"] = cfg.source
+        pub = IMAGES_DIR / "lab_key.pub"
+        if hc.backend == "proxmox" and not settings.get("ssh_keys") and pub.exists():
+            settings["ssh_keys"] = pub.read_text().strip()  # cloud-init gets the lab's key
         out[name] = cls(name, settings)
     return out
 

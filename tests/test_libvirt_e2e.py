@@ -31,10 +31,11 @@ from lab.guest import Guest  # noqa: E402
 from lab.model import DiskBus, NicModel, VmSpec  # noqa: E402
 
 IMAGES = Path(lab.PROJECT_ROOT) / "images"
-MANIFEST = IMAGES / "debian12.json"
 URI = "qemu:///system"
 
-pytestmark = [pytest.mark.vm, pytest.mark.image, pytest.mark.timeout(900)]
+# one xdist worker runs them all: the libvirtd fixture may start and stop the daemon
+pytestmark = [pytest.mark.vm, pytest.mark.image, pytest.mark.timeout(900),
+              pytest.mark.xdist_group("libvirt-qemu-system")]
 
 
 def _virsh_ok() -> bool:
@@ -45,36 +46,39 @@ def _virsh_ok() -> bool:
 
 @pytest.fixture(scope="module")
 def libvirtd():
-    """A running libvirtd + virtlogd for qemu:///system; stops only what it started."""
+    """A running libvirtd + virtlogd for qemu:///system; stops only what it started.
+
+    No systemd in this container, so the daemons run in the foreground as our children
+    (proc.spawn): teardown terminates and reaps them, leaving no zombie behind."""
     if os.geteuid() != 0:
         pytest.skip("qemu:///system end-to-end test needs root")
     for tool in ("libvirtd", "virtlogd", "virsh", "qemu-img", "qemu-system-x86_64"):
         if not shutil.which(tool) and not Path(f"/usr/sbin/{tool}").exists():
             pytest.skip(f"{tool} is not installed (make setup)")
-    started: list[int] = []
-    if not _virsh_ok():
-        # no systemd in this container: start the daemons the way the init script would
-        if not Path("/run/libvirt/virtlogd-sock").exists():
-            proc.run(["virtlogd", "-d", "-p", "/run/virtlogd.pid"], timeout=30)
-            wait_until(lambda: Path("/run/virtlogd.pid").exists(), timeout=10, what="virtlogd pidfile")
-            started.append(int(Path("/run/virtlogd.pid").read_text().strip()))
-        proc.run(["libvirtd", "-d", "-p", "/run/libvirtd.pid"], timeout=30)
-        wait_until(_virsh_ok, timeout=60, what="libvirtd to answer on qemu:///system", interval=0.2)
-        started.insert(0, int(Path("/run/libvirtd.pid").read_text().strip()))
-    yield
-    for pid in started:  # libvirtd first, then virtlogd
-        try:
-            os.kill(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            continue
+    started = []
+    try:
+        if not _virsh_ok():
+            if not Path("/run/libvirt/virtlogd-sock").exists():
+                started.append(proc.spawn(["virtlogd"]))
+                wait_until(lambda: Path("/run/libvirt/virtlogd-sock").exists(), timeout=30,
+                           what="virtlogd socket")
+            started.insert(0, proc.spawn(["libvirtd"]))
 
-        def gone(pid=pid) -> bool:
+            def up() -> bool:
+                if started[0].poll() is not None:
+                    raise RuntimeError(f"libvirtd exited with status {started[0].returncode}")
+                return _virsh_ok()
+            wait_until(up, timeout=60, what="libvirtd to answer on qemu:///system", interval=0.2)
+        yield
+    finally:
+        for daemon in started:  # libvirtd first, then virtlogd
+            if daemon.poll() is None:
+                daemon.send_signal(signal.SIGTERM)
             try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                return True
-            return False
-        wait_until(gone, timeout=30, what=f"daemon {pid} to exit")
+                daemon.wait(timeout=30)
+            except Exception:
+                daemon.kill()
+                daemon.wait(timeout=10)
 
 
 @pytest.fixture
@@ -97,13 +101,11 @@ def lab_bridge():
         proc.run(["ip", "link", "del", name], timeout=10, check=False)
 
 
-@pytest.mark.parametrize("nic,bus", [(NicModel.VIRTIO, DiskBus.VIRTIO)])
-def test_qemu_system_lifecycle(libvirtd, lab_bridge, tmp_path, nic, bus):
-    if not MANIFEST.exists():
-        pytest.skip("images/debian12.json does not exist yet: run `make images`")
-    from lab import images
-
-    image = images.load("debian12")
+@pytest.mark.parametrize("nic,bus", [(NicModel.VIRTIO, DiskBus.VIRTIO), (NicModel.E1000, DiskBus.SATA)],
+                         ids=["virtio-virtio", "e1000-sata"])
+def test_qemu_system_lifecycle(golden, libvirtd, lab_bridge, tmp_path, nic, bus):
+    """`golden` (conftest) skips with the reason when images/debian12.json is not built yet."""
+    image = golden
     bridge, n = lab_bridge
     run_id = f"e2e{secrets.token_hex(3)}"
     disk_dir = tmp_path / "disks"

@@ -497,7 +497,8 @@ def test_http_workload_parse_flags_errors():
     assert m["non_2xx_c50"].value == 19
     assert (m["errors"].value, m["errors"].labels, m["errors"].higher_is_better) == (49, {"flagged": 1}, False)
     assert m["cpu_busy_pct"].labels == {"flagged": 1}
-    assert m["cpu_busy_pct_c10"].labels == {"connections": 10, "flagged": 1}
+    assert m["cpu_busy_pct_c10"].labels == {"connections": 10}
+    assert m["cpu_busy_pct_c50"].labels == {"connections": 50, "flagged": 1}
 
 
 def test_https_workload_parse_no_requests_has_no_latency():
@@ -514,3 +515,13 @@ def test_segments_roundtrip():
     segs = [("tx", 0, "a\nb\n"), ("rx", 1, "c")]
     assert cpu.split_segments(cpu.join_segments(segs)) == [("tx", 0, "a\nb\n"), ("rx", 1, "c\n")]
     assert cpu.split_segments("plain\n") == [("", 0, "plain\n")]
+
+
+def test_parse_errors_carry_exit_status_and_stderr():
+    raw = RawOutput("iperf3-tcp", "", cpu.join_segments([("tx", 127, "")]), stderr="sh: iperf3: not found\n",
+                    returncode=127)
+    with pytest.raises(LabError, match=r"iperf3-tcp: .*\(iperf3 exit status 127\); stderr: 'sh: iperf3: not found'"):
+        iperf3.IPERF3_TCP.parse(raw)
+    raw = RawOutput("http", "", cpu.join_segments([("c10", 1, read("wrk/linux-4.1.0-http-refused.txt"))]), returncode=1)
+    with pytest.raises(LabError, match=r"http: .*unable to connect.*\(wrk exit status 1\)"):
+        http.HTTP.parse(raw)

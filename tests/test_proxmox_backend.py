@@ -22,7 +22,7 @@ from pve_emulator.fixtures import (  # noqa: F401  (fixtures)
 
 from lab.backends import BACKENDS
 from lab.backends.proxmox import ProxmoxBackend
-from lab.errors import AuthError, BackendError, TimeoutError_, UnreachableError, UsageError
+from lab.errors import AuthError, BackendError, TeardownError, TimeoutError_, UnreachableError, UsageError
 from lab.model import CloneKind, ImageRef, NicModel, VmSpec
 
 IMAGE = ImageRef(name="debian12", os="debian", path=Path("debian12"), digest="d1")
@@ -121,7 +121,7 @@ def test_clone_task_failing_midway_leaves_nothing(pve):
 
 
 def test_lock_on_template_is_retried(pve):
-    pve.hold_lock(TEMPLATE_VMID, "clone", 0.5)
+    pve.hold_lock(TEMPLATE_VMID, "clone", 1.0)
     b = ProxmoxBackend("pve1", backend_settings(pve))
     vm = b.clone(IMAGE, spec())
     refused = [p for m, path, p in pve.requests if path.endswith("/clone")]
@@ -248,6 +248,7 @@ def test_fresh_privsep_token_fails_check(pve):
         b.check()
 
 
+@pytest.mark.filterwarnings("ignore:Unverified HTTPS request")
 def test_wrong_ca_is_unreachable(pve, tmp_path):
     _key, other_ca = make_ca(tmp_path, "other-ca")
     b = ProxmoxBackend("pve1", backend_settings(pve, ca_file=str(other_ca)))
@@ -363,3 +364,53 @@ def test_secret_references_are_resolved(pve, monkeypatch, tmp_path):
     secret_file.write_text("pa55word\n")
     pve.add_user("lab@pve", "pa55word", acl=FULL_ACL_FOR_USER)
     ProxmoxBackend("pve1", backend_settings(pve, token=None, user="lab@pve", password=f"file:{secret_file}")).check()
+
+
+def test_failed_configure_leaves_nothing(pve):
+    b = ProxmoxBackend("pve1", backend_settings(pve, cpu_type="not a cpu!"))
+    with pytest.raises(BackendError, match=r"config of VM \d+ failed: 400 Parameter verification failed. cpu: "):
+        b.clone(IMAGE, spec())
+    assert pve.vm_ids() == []
+
+
+def test_start_task_failure_is_surfaced(pve):
+    b = ProxmoxBackend("pve1", backend_settings(pve))
+    vm = b.clone(IMAGE, spec())
+    pve.fail_next("qmstart", "start failed: QEMU exited with code 1")
+    with pytest.raises(BackendError, match="start of VM .* failed: start failed: QEMU exited with code 1"):
+        b.start(vm)
+    b.destroy(vm)
+    assert pve.vm_ids() == []
+
+
+def test_destroy_retries_a_passing_lock(pve):
+    b = ProxmoxBackend("pve1", backend_settings(pve))
+    vm = b.clone(IMAGE, spec())
+    b.start(vm)
+    pve.hold_lock(vm.handle["vmid"], "backup", 0.8)
+    b.destroy(vm)  # stop fails in the task with "VM is locked (backup)", then succeeds
+    assert pve.vm_ids() == []
+    assert any(t.exitstatus == "VM is locked (backup)" for t in pve.tasks.values())
+
+
+def test_destroy_that_cannot_finish_is_a_teardown_error(pve):
+    b = ProxmoxBackend("pve1", backend_settings(pve, timeouts={"destroy": 1.0, "stop": 1.0}))
+    vm = b.clone(IMAGE, spec())
+    pve.hold_lock(vm.handle["vmid"], "backup", 30)
+    with pytest.raises(TeardownError, match=r"could not destroy VM \d+ \(lab-r1-c1\).*VM is locked \(backup\)"):
+        b.destroy(vm)
+    pve.hold_lock(vm.handle["vmid"], "backup", 0)
+    b.destroy(vm)
+    assert pve.vm_ids() == []
+
+
+def test_gc_finds_a_clone_that_was_never_configured(pve):
+    """A crash between clone and configure leaves a VM without tags; its description is enough."""
+    b = ProxmoxBackend("pve1", backend_settings(pve))
+    user, name = TOKEN_ID.split("!")
+    px = ProxmoxAPI(pve.url.removeprefix("https://"), user=user, token_name=name, token_value=TOKEN_SECRET,
+                    verify_ssl=str(pve.certs.ca_file), timeout=10)
+    px.nodes("pve1").qemu(TEMPLATE_VMID).clone.post(newid=300, full=0, name="lab-other-vm")  # not ours
+    px.nodes("pve1").qemu(TEMPLATE_VMID).clone.post(
+        newid=301, full=0, name="lab-r9-c1", description="lab-vm: lab-r9-c1\nlab-run-id: r9\nlab-expires: 5")
+    assert [(o.name, o.run_id, o.expires_at) for o in b.list_owned()] == [("lab-r9-c1", "r9", 5.0)]

@@ -5,7 +5,7 @@ A VM is a per-VM disk clone plus a persistent domain rendered from ``templates/l
 Jinja2 template per driver). The domain carries the lab lease in its ``<metadata>``::
 
     <lab:lease xmlns:lab="https://lab.invalid/lease" run="RUN" cell="CELL" expires="UNIX"
-               host="HOST" disk="zfs:POOL/DS/NAME | file:/PATH" console="PATH"/>
+               host="HOST" ip="STATIC-IP" disk="zfs:POOL/DS/NAME | file:/PATH" console="PATH"/>
 
 so ``list_owned()`` finds it (and its disk) for ``lab gc`` even if the results store is gone.
 
@@ -37,6 +37,10 @@ Settings (``[hosts.NAME]`` with ``backend = "libvirt"``; a value of None means "
                    nor ``network`` a QEMU NIC uses user networking (``<interface type='user'>``).
 ``network``        a libvirt network instead of a bridge (``<interface type='network'>``; enables
                    DHCP lease lookup).
+``subnet``         give each VM a static address from this subnet when the cell has none, e.g.
+                   ``"10.78.5.0/24"``: the first free host address from .10 up, skipping the gateway
+                   and addresses recorded in other domains' leases (QEMU direct kernel boot passes it
+                   as ``lab.ip=``; the prefix comes from the subnet).
 ``prefix``         prefix length of the static guest address (default 24).
 ``gateway``        default gateway given to guests (``lab.gw=``); default none (isolated).
 ``client_address`` address of the load-generator side as the guests see it (``open_run``).
@@ -55,6 +59,7 @@ Settings (``[hosts.NAME]`` with ``backend = "libvirt"``; a value of None means "
 ``guest_agent``    QEMU: add the qemu-guest-agent channel (default false; bhyve: never).
 ``flavour``        test:/// URIs only: which template/capabilities to use, ``qemu`` or ``bhyve``.
 ``ssh_port``       guest SSH port probed by ``wait_ready`` (default 22).
+``boot_timeout``   seconds ``wait_ready`` waits when the caller gives no timeout (default 300).
 
 Capabilities are checked before anything is created: ``validate_spec()`` (plan time, no
 connection needed) rejects a NIC model, disk bus, disk format or feature the driver cannot use
@@ -70,7 +75,7 @@ import shlex
 import socket
 import time
 import uuid as uuidlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from hashlib import sha256
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -91,16 +96,16 @@ BHYVE_UEFI = "/usr/local/share/uefi-firmware/BHYVE_UEFI.fd"
 DEFAULT_QEMU_DIR = "/var/lib/libvirt/images/lab"
 DEFAULT_CMDLINE = "console=ttyS0 root=LABEL=labroot rw net.ifnames=0"
 TEMPLATE_DIR = lab.TEMPLATES_DIR / "libvirt"
-READY_MARK = "LAB-READY"
 FAILED_MARK = "LAB-FAILED"
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 _SSH_OPTS = ["-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "-o", "ServerAliveInterval=10"]
 
 KNOWN_SETTINGS = frozenset({
     "backend", "uri", "ssh", "dataset", "golden", "firmware", "loader", "dir", "pool_dir", "pool",
-    "images_dir", "disk_format", "bridge", "network", "prefix", "gateway", "client_address",
+    "images_dir", "disk_format", "bridge", "network", "subnet", "prefix", "gateway", "client_address",
     "domain_type", "machine", "bios", "cpu_mode", "boot", "cmdline", "dac_label", "guest_agent", "flavour",
-    "ssh_port",
+    "ssh_port", "boot_timeout",
+    "source",  # the lab.toml path the runner adds to every host's settings
 })
 
 
@@ -275,7 +280,13 @@ class LibvirtBackend:
         if self.driver == "bhyve" and s.get("guest_agent"):
             raise UsageError(f"{where}.guest_agent = true: bhyve has no qemu-guest-agent support "
                              "lab can rely on (libvirt >= 12.4 only, never for IP discovery)")
-        self.prefix = int(s.get("prefix", 24))
+        self.subnet = None
+        if s.get("subnet"):
+            try:
+                self.subnet = ipaddress.ip_network(str(s["subnet"]), strict=False)
+            except ValueError:
+                raise UsageError(f"{where}.subnet = {s['subnet']!r}: not a network like 10.78.5.0/24") from None
+        self.prefix = int(s.get("prefix", self.subnet.prefixlen if self.subnet else 24))
         self._dir: str | None = None
 
     # ---------------------------------------------------------------- host commands
@@ -636,6 +647,7 @@ class LibvirtBackend:
             "name": spec.name, "uuid": vm_uuid, "lease_ns": LEASE_NS,
             "run_id": spec.run_id, "cell_id": spec.cell_id, "expires": int(spec.expires_at),
             "host": self.host_name, "disk_ref": disk_ref, "console": self.console_for(spec, vm_uuid),
+            "ip": self._static_ip(spec),
             "memory_mib": spec.memory_mib, "memory_kib": spec.memory_mib * 1024, "vcpus": spec.vcpus,
             "topology": {"sockets": 1, "cores": cores, "threads": 1},
             "disk_path": disk_path, "disk_bus": bus.value, "disk_dev": _DISK_DEV[self.driver][bus],
@@ -698,7 +710,11 @@ class LibvirtBackend:
         if self._lookup(spec.name) is not None:
             raise BackendError(f"a domain named {spec.name!r} already exists on {self.host_name!r}",
                                hint="`lab gc` removes what an earlier run left behind")
-        ctx = self.domain_context(spec if spec.image == image else _with_image(spec, image))
+        if spec.image != image:
+            spec = replace(spec, image=image)
+        if not spec.ip and self.subnet is not None:
+            spec = replace(spec, ip=self.allocate_ip())
+        ctx = self.domain_context(spec)
         xml = self.render(ctx)
         vm = Vm(spec=spec, backend=self.name,
                 handle={"uuid": ctx["uuid"], "disk": ctx["disk_ref"], "disk_path": ctx["disk_path"],
@@ -707,13 +723,13 @@ class LibvirtBackend:
                 facts={"libvirt_driver": self.driver, "clone": CloneKind(spec.clone).value})
         if self.driver == "qemu":
             vm.facts["accel"] = "kvm" if self.domain_type == "kvm" else "tcg"
-        if self.driver == "bhyve":
-            self._preflight_bhyve(xml)
         started = time.monotonic()
         for argv in self.clone_argv(image, spec):
             self._run(argv, timeout=1800, what="disk clone")
         vm.facts["clone_seconds"] = round(time.monotonic() - started, 3)
         try:
+            if self.driver == "bhyve":
+                self._preflight_bhyve(xml)  # after the clone: the driver may look at the zvol
             try:
                 self.conn.defineXMLFlags(xml, libvirt.VIR_DOMAIN_DEFINE_VALIDATE)
             except libvirt.libvirtError as exc:
@@ -727,11 +743,28 @@ class LibvirtBackend:
                 raise TeardownError(f"defining {spec.name!r} failed ({_msg(exc)}) and its disk "
                                     f"{ctx['disk_ref']} could not be removed: {rm_exc}") from None
             raise BackendError(f"libvirt refused the domain {spec.name!r}: {_msg(exc)}") from None
-        except BaseException:
+        except BaseException:  # preflight refusal, Ctrl-C: the disk must not outlive the attempt
             self._remove_disk(ctx["disk_ref"])
             raise
         self._refresh_pool()
         return vm
+
+    def allocate_ip(self) -> str:
+        """First free address of `subnet` from .10 up (not the gateway, not in another lease)."""
+        taken = {str(self.settings.get("gateway", "")), str(self.settings.get("client_address", ""))}
+        libvirt = _libvirt()
+        try:
+            for dom in self.conn.listAllDomains(0):
+                lease = self.read_lease(dom)
+                if lease and lease.get("ip"):
+                    taken.add(lease["ip"])
+        except libvirt.libvirtError as exc:
+            raise BackendError(f"listing domains on {self.host_name!r} failed: {_msg(exc)}") from None
+        for i, addr in enumerate(self.subnet.hosts()):
+            if i >= 9 and str(addr) not in taken:
+                return str(addr)
+        raise BackendError(f"no free address left in {self.subnet} on {self.host_name!r}",
+                           hint="`lab gc`, or a larger subnet")
 
     def _preflight_bhyve(self, xml: str) -> None:
         """On a real bhyve host the driver builds the command line without starting anything;
@@ -851,10 +884,14 @@ class LibvirtBackend:
 
     # -- readiness ----------------------------------------------------------------------------
 
-    def wait_ready(self, vm: Vm, timeout: float) -> str:
+    def wait_ready(self, vm: Vm, timeout: float | None = None) -> str:
         libvirt = _libvirt()
+        if timeout is None:
+            timeout = float(self.settings.get("boot_timeout", 300))
         port = int(self.settings.get("ssh_port", 22))
         has_console = self.driver == "qemu"
+        # the image's own readiness line (manifest `ready_marker`); without one, probe SSH directly
+        marker = str((vm.spec.image.manifest or {}).get("ready_marker") or "")
         state = {"last": "nothing yet"}
 
         def check() -> str | None:
@@ -869,8 +906,8 @@ class LibvirtBackend:
             text = self.console_text(vm) if has_console else ""
             if FAILED_MARK in text:
                 raise BackendError(f"{vm.name} reported {FAILED_MARK} on its console", hint=_tail(text))
-            if has_console and READY_MARK not in text and self._console_readable(vm):
-                state["last"] = f"no {READY_MARK} on the serial console yet"
+            if marker and has_console and marker not in text and self._console_readable(vm):
+                state["last"] = f"no {marker} on the serial console yet"
                 return None
             addr = self.address(vm)
             if not addr:
@@ -1060,12 +1097,6 @@ class LibvirtBackend:
 
 # --------------------------------------------------------------------------------------------
 # pure helpers
-
-def _with_image(spec: VmSpec, image: ImageRef) -> VmSpec:
-    from dataclasses import replace  # noqa: PLC0415
-
-    return replace(spec, image=image)
-
 
 def _tail(text: str, lines: int = 5) -> str | None:
     tail = [ln.strip() for ln in text.strip().splitlines() if ln.strip()][-lines:]

@@ -30,9 +30,9 @@ resolved with lab.config.resolve_secret at construction. Unknown keys (e.g. `bac
 `addresses`) are ignored. Secrets are kept in private attributes only; they never appear in
 repr(), logs or exception messages.
 
-Ownership: every VM carries the tags `lab` and `lab-run-<run id>` (PVE tag charset, lower case) and
-a description with `lab-run-id:`, `lab-cell:`, `lab-vm:` and `lab-expires:` lines, so `lab gc`
-finds it even without the store.
+Ownership: every VM carries the tags `lab` and `lab-run-<run id>` (PVE tag charset, lower case,
+`;`-separated, valid on 7.x-9.x) and a description with `lab-run-id:`, `lab-cell:`, `lab-vm:` and
+`lab-expires:` lines (already set by the clone call), so `lab gc` finds it even without the store.
 
 Readiness: wait_ready() waits for `status/current` = running and an IPv4 address (guest agent
 `network-get-interfaces` matched by net0's MAC, else the static address the cell configured). SSH
@@ -391,20 +391,18 @@ class ProxmoxBackend:
         for r in res:
             if r.get("type") != "qemu" or r.get("template"):
                 continue
-            tags = str(r.get("tags") or "")
+            tags = re.split(r"[;, ]", str(r.get("tags") or ""))
             name = str(r.get("name") or "")
-            if "tags" in r and "lab" not in re.split(r"[;, ]", tags):
-                continue
-            if "tags" not in r and not name.startswith("lab-"):
+            if "lab" not in tags and not name.startswith("lab-"):
                 continue
             try:
                 cfg = self._guard(f"config of VM {r['vmid']}",
                                   lambda: self._nodeapi(r["node"]).qemu(r["vmid"]).config.get())
             except ApiError:
                 continue  # vanished meanwhile
-            if "lab" not in re.split(r"[;, ]", str(cfg.get("tags") or "")):
-                continue
             meta = _parse_description(str(cfg.get("description") or ""))
+            if "lab" not in re.split(r"[;, ]", str(cfg.get("tags") or "")) and "lab-run-id" not in meta:
+                continue  # a lab-like name alone is not ours
             owned.append(Owned(backend=self.name, kind="vm", name=name or meta.get("lab-vm", ""),
                                run_id=meta.get("lab-run-id", ""),
                                expires_at=float(meta.get("lab-expires", 0) or 0),
@@ -471,7 +469,10 @@ class ProxmoxBackend:
 
     def _clone_new_vmid(self, tmpl: int, spec: VmSpec, full: bool, deadline: float) -> int:
         src = self._nodeapi().qemu(tmpl)
-        params: dict[str, Any] = {"name": _dns_name(spec.name), "full": _bool(full)}
+        # the description rides on the clone already, so `lab gc` finds a VM even if we die before
+        # configuring it (tags come with the config)
+        params: dict[str, Any] = {"name": _dns_name(spec.name), "full": _bool(full),
+                                  "description": _description(spec)}
         if full and self.storage:
             params["storage"] = self.storage
         collisions = 0

@@ -201,7 +201,7 @@ def cpu_samples(raw: RawOutput, tags: list[str] | None = None, labels: dict | No
             if before is None or after is None:
                 raise LabError(f"no cpu_before.{tag}/cpu_after.{tag} snapshot in the raw output's extra")
             pairs.append((before, after))
-            seg_labels = {**labels, **((tag_labels or {}).get(tag, {}))}
+            seg_labels = dict((tag_labels or {}).get(tag, labels))  # a segment's own labels, else the run's
             out += _usage_samples(usage(before, after), f"_{tag}", seg_labels,
                                   parse_ticks(before).source == "linux")
         linux = parse_ticks(pairs[0][0]).source == "linux"
@@ -287,6 +287,16 @@ def split_segments(stdout: str) -> list[tuple[str, int, str]]:
     return segs
 
 
+def with_run_context(exc: LabError, tool: str, rc: int, stderr: str) -> LabError:
+    """A parse error, completed with the exit status and stderr of the run (when there are any)."""
+    msg = exc.message
+    if rc:
+        msg += f" ({tool} exit status {rc})"
+    if stderr and stderr.strip():
+        msg += f"; stderr: {first_line(stderr)!r}"
+    return LabError(msg, exc.hint)
+
+
 def first_line(text: str) -> str:
     for line in (text or "").splitlines():
         if line.strip():
@@ -327,10 +337,21 @@ def require_guest_tool(ctx, tool: str, workload: str, also_in: tuple[str, ...] =
                        hint=f"add the package {pkg!r} to the {ctx.os} golden image (packer/) and rebuild it")
 
 
-def run_guest_load(ctx, workload: str, load: str, timeout: float) -> tuple[str, str, str, int, float, float]:
-    """Run `load` in the guest between two CPU snapshots in one SSH command.
+@dataclass(frozen=True)
+class GuestLoad:
+    """What one load run between two CPU snapshots in the guest produced."""
 
-    Returns (cpu_before, load_stdout, cpu_after, load_rc, started, seconds)."""
+    cpu_before: str
+    stdout: str
+    cpu_after: str
+    returncode: int
+    stderr: str
+    started: float
+    seconds: float
+
+
+def run_guest_load(ctx, workload: str, load: str, timeout: float) -> GuestLoad:
+    """Run `load` in the guest between two CPU snapshots in one SSH command."""
     import time
 
     from lab import osfacts
@@ -343,4 +364,4 @@ def run_guest_load(ctx, workload: str, load: str, timeout: float) -> tuple[str, 
         tail = " | ".join((res.stderr or "").strip().splitlines()[-3:]) or "no error output"
         raise LabError(f"{workload}: the load in the guest ended before its closing CPU snapshot "
                        f"(ssh exit {res.returncode}: {tail})")
-    return before, out, after, rc, started, res.seconds
+    return GuestLoad(before, out, after, rc, res.stderr or "", started, res.seconds)

@@ -18,7 +18,8 @@ from lab.model import RawOutput, Sample
 from lab.wait import wait_until
 from lab.workloads import WorkloadContext, register
 from lab.workloads.cpu import (cpu_samples, effective_params, first_line, join_segments,
-                               require_guest_tool, snapshot, split_segments)
+                               require_guest_tool, snapshot, split_segments,
+                               with_run_context)
 
 _TIME_MS = {"us": 1e-3, "ms": 1.0, "s": 1e3, "m": 60e3, "h": 3600e3}
 # wrk's format_binary divides by 1024 and prints K/M/G/T/P followed by B.
@@ -170,13 +171,18 @@ class _Http:
         any_flag = False
         total_errors = 0.0
         for tag, rc, text in split_segments(raw.stdout):
-            r = parse_wrk_output(text, self.name)
+            try:
+                r = parse_wrk_output(text, self.name)
+            except LabError as exc:
+                raise with_run_context(exc, "wrk", rc or raw.returncode, "") from None
             if not tag:
                 m = re.search(r"(\d+) threads and (\d+) connections", text)
                 tag = f"c{m.group(2)}" if m else "c"
             labels: dict[str, Any] = {"connections": int(tag[1:]) if tag[1:].isdigit() else None}
             total_errors += r["errors"]
-            if r["errors"] > 0:
+            # A load with errors, or one in which no request completed at all (e.g. TLS handshakes
+            # outlasting the duration), is flagged rather than averaged in silently.
+            if r["errors"] > 0 or r["requests"] == 0:
                 labels["flagged"] = 1
                 any_flag = True
             tags.append(tag)

@@ -26,7 +26,8 @@ from lab.model import RawOutput, Sample
 from lab.wait import wait_until
 from lab.workloads import WorkloadContext, register
 from lab.workloads.cpu import (cpu_samples, effective_params, first_line, join_segments,
-                               require_guest_tool, run_guest_load, split_segments)
+                               require_guest_tool, run_guest_load, split_segments,
+                               with_run_context)
 
 DIRECTIONS = {"tx": False, "rx": True}  # direction -> iperf3 -R
 
@@ -167,21 +168,22 @@ class _Iperf3:
 
     def run(self, ctx: WorkloadContext, repetition: int) -> RawOutput:
         p = self.params(ctx)
-        segments, extra, cmds = [], {}, []
+        segments, extra, cmds, errs = [], {}, [], []
         started, seconds = 0.0, 0.0
         for direction, srv, cmd in self.commands(ctx):
-            before, out, after, rc, t0, secs, log = self._one(ctx, srv, cmd, p["time"])
-            started = started or t0
-            seconds += secs
-            segments.append((direction, rc, out))
-            extra[f"cpu_before.{direction}"], extra[f"cpu_after.{direction}"] = before, after
-            extra.setdefault("cpu_before", before)
-            extra["cpu_after"] = after
+            r, log = self._one(ctx, srv, cmd, p["time"])
+            started = started or r.started
+            seconds += r.seconds
+            segments.append((direction, r.returncode, r.stdout))
+            extra[f"cpu_before.{direction}"], extra[f"cpu_after.{direction}"] = r.cpu_before, r.cpu_after
+            extra.setdefault("cpu_before", r.cpu_before)
+            extra["cpu_after"] = r.cpu_after
             extra[f"server_log.{direction}"] = log
             cmds.append(cmd)
+            errs.append(r.stderr)
         rc_all = next((rc for _, rc, _ in segments if rc != 0), 0)
         return RawOutput(workload=self.name, command=" ; ".join(cmds), stdout=join_segments(segments),
-                         returncode=rc_all, started=started, seconds=seconds,
+                         stderr="".join(errs), returncode=rc_all, started=started, seconds=seconds,
                          params={**p, "vcpus": ctx.vcpus, "repetition": repetition,
                                  "client_address": ctx.client.address},
                          extra=extra)
@@ -212,15 +214,15 @@ class _Iperf3:
 
             wait_until(listening, timeout=15, what=f"the iperf3 server on {srv[srv.index('-B') + 1]}",
                        detail=log_head)
-            before, out, after, rc, t0, secs = run_guest_load(ctx, self.name, cmd, timeout=time_s + 60)
-            if rc == 0 and not _reports_error(out):
+            r = run_guest_load(ctx, self.name, cmd, timeout=time_s + 60)
+            if r.returncode == 0 and not _reports_error(r.stdout):
                 try:
                     server.wait(timeout=10)  # -1: it exits by itself once the test is over
                 except subprocess.TimeoutExpired:
                     pass
             with open(log_path, errors="replace") as f:
                 log_text = f.read()
-            return before, out, after, rc, t0, secs, log_text
+            return r, log_text
         finally:
             if server is not None and server.poll() is None:
                 try:
@@ -238,7 +240,10 @@ class _Iperf3:
         tags: list[str] = []
         tag_labels: dict[str, dict] = {}
         for tag, rc, text in split_segments(raw.stdout):
-            r = parse_iperf3_json(text, self.name)
+            try:
+                r = parse_iperf3_json(text, self.name)
+            except LabError as exc:
+                raise with_run_context(exc, "iperf3", rc or raw.returncode, raw.stderr) from None
             if not tag:
                 tag = "rx" if r["reverse"] else "tx"
             if (r["protocol"] == "udp") != self.udp:

@@ -15,7 +15,8 @@ from lab.errors import LabError, UsageError
 from lab.model import RawOutput, Sample
 from lab.workloads import WorkloadContext, register
 from lab.workloads.cpu import (cpu_samples, effective_params, first_line, join_segments,
-                               require_guest_tool, run_guest_load, split_segments)
+                               require_guest_tool, run_guest_load, split_segments,
+                               with_run_context)
 
 _NUM = r"([0-9]+(?:\.[0-9]+)?)"
 
@@ -161,20 +162,21 @@ class SysbenchCpu:
 
     def run(self, ctx: WorkloadContext, repetition: int) -> RawOutput:
         p = self.params(ctx)
-        segments, extra, cmds = [], {}, []
+        segments, extra, cmds, errs = [], {}, [], []
         started, seconds = 0.0, 0.0
         for tag, n, cmd in self.commands(ctx):
-            before, out, after, rc, t0, secs = run_guest_load(ctx, self.name, cmd, timeout=p["time"] + 120)
-            started = started or t0
-            seconds += secs
-            segments.append((tag, rc, out))
-            extra[f"cpu_before.{tag}"], extra[f"cpu_after.{tag}"] = before, after
-            extra.setdefault("cpu_before", before)
-            extra["cpu_after"] = after
+            r = run_guest_load(ctx, self.name, cmd, timeout=p["time"] + 120)
+            started = started or r.started
+            seconds += r.seconds
+            segments.append((tag, r.returncode, r.stdout))
+            extra[f"cpu_before.{tag}"], extra[f"cpu_after.{tag}"] = r.cpu_before, r.cpu_after
+            extra.setdefault("cpu_before", r.cpu_before)
+            extra["cpu_after"] = r.cpu_after
             cmds.append(cmd)
+            errs.append(r.stderr)
         rc_all = next((rc for _, rc, _ in segments if rc != 0), 0)
         return RawOutput(workload=self.name, command=" ; ".join(cmds), stdout=join_segments(segments),
-                         returncode=rc_all, started=started, seconds=seconds,
+                         stderr="".join(errs), returncode=rc_all, started=started, seconds=seconds,
                          params={**p, "vcpus": ctx.vcpus, "repetition": repetition}, extra=extra)
 
     def parse(self, raw: RawOutput) -> list[Sample]:
@@ -185,9 +187,7 @@ class SysbenchCpu:
             try:
                 r = parse_cpu_output(text, self.name)
             except LabError as exc:
-                if rc or raw.returncode:
-                    raise LabError(f"{exc.message} (sysbench exit status {rc or raw.returncode})", exc.hint) from None
-                raise
+                raise with_run_context(exc, "sysbench", rc or raw.returncode, raw.stderr) from None
             threads = int(r.get("threads", 0))
             if not tag:  # output stored without segment headers: name it from the thread count
                 vcpus = raw.params.get("vcpus")
@@ -232,18 +232,17 @@ class SysbenchMemory:
     def run(self, ctx: WorkloadContext, repetition: int) -> RawOutput:
         p = self.params(ctx)
         cmd = self.command(ctx)
-        before, out, after, rc, t0, secs = run_guest_load(ctx, self.name, cmd, timeout=p["time"] + 120)
-        return RawOutput(workload=self.name, command=cmd, stdout=out, returncode=rc, started=t0,
-                         seconds=secs, params={**p, "vcpus": ctx.vcpus, "repetition": repetition},
-                         extra={"cpu_before": before, "cpu_after": after})
+        r = run_guest_load(ctx, self.name, cmd, timeout=p["time"] + 120)
+        return RawOutput(workload=self.name, command=cmd, stdout=r.stdout, stderr=r.stderr,
+                         returncode=r.returncode, started=r.started, seconds=r.seconds,
+                         params={**p, "vcpus": ctx.vcpus, "repetition": repetition},
+                         extra={"cpu_before": r.cpu_before, "cpu_after": r.cpu_after})
 
     def parse(self, raw: RawOutput) -> list[Sample]:
         try:
             r = parse_memory_output(raw.stdout, self.name)
         except LabError as exc:
-            if raw.returncode:
-                raise LabError(f"{exc.message} (sysbench exit status {raw.returncode})", exc.hint) from None
-            raise
+            raise with_run_context(exc, "sysbench", raw.returncode, raw.stderr) from None
         labels = {k: raw.params[k] for k in ("block_size", "operation") if k in raw.params}
         if "threads" in r:
             labels["threads"] = int(r["threads"])

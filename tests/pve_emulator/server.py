@@ -257,6 +257,8 @@ class PveEmulator:
             if self.version == "9.1":
                 body["message"] = exc.message if exc.message.endswith("\n") else exc.message + "\n"
             return exc.status, reason, body
+        except Exception as exc:  # a bug in the emulator: say so instead of dropping the connection
+            return 500, f"emulator bug: {type(exc).__name__}: {exc}".replace("\n", " ")[:200], {"data": None}
 
     def _handle(self, method: str, path: str, params: dict, headers):
         if not path.startswith("/api2/json/"):
@@ -432,9 +434,6 @@ class PveEmulator:
                 self._storage_busy.append((storage, t, t + seconds))
                 return t - now
         return None
-
-    def _typed_config_value(self, key: str, value):
-        return value
 
     def _digest(self, vm: VmState) -> str:
         return hashlib.sha1(json.dumps(vm.config, sort_keys=True).encode()).hexdigest()

@@ -1,0 +1,72 @@
+"""CLI behaviour without VMs: exit statuses, one-line errors, no traceback, nothing created."""
+
+from __future__ import annotations
+
+import socket
+
+from conftest import run_lab_cli
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _one_line_exit_2(res, *needles):
+    assert res.returncode == 2, (res.returncode, res.stderr)
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1, res.stderr
+    assert "Traceback" not in res.stderr
+    for n in needles:
+        assert n in lines[0], lines[0]
+
+
+def test_unreachable_proxmox_host_is_exit_2_and_creates_nothing(tmp_path):
+    port = _closed_port()
+    (tmp_path / "lab.toml").write_text(f"""
+[hosts.pve1]
+backend = "proxmox"
+url = "https://127.0.0.1:{port}"
+node = "pve1"
+token = "env:LAB_TEST_PVE_TOKEN"
+[matrix]
+host = ["pve1"]
+""")
+    res = run_lab_cli("run", "-c", str(tmp_path / "lab.toml"), cwd=tmp_path, timeout=120,
+                      env={"LAB_TEST_PVE_TOKEN": "lab@pve!t=00000000-dead-beef-0000-000000000000"})
+    _one_line_exit_2(res, f"127.0.0.1:{port}")
+    assert "dead-beef" not in res.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["lab.toml"]
+
+
+def test_missing_token_env_is_exit_2_naming_the_variable(tmp_path):
+    (tmp_path / "lab.toml").write_text("""
+[hosts.pve1]
+backend = "proxmox"
+url = "https://127.0.0.1:1"
+node = "pve1"
+token = "env:LAB_TEST_UNSET_TOKEN"
+[matrix]
+host = ["pve1"]
+""")
+    res = run_lab_cli("run", "-c", str(tmp_path / "lab.toml"), cwd=tmp_path, timeout=60)
+    _one_line_exit_2(res, "hosts.pve1.token", "LAB_TEST_UNSET_TOKEN")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["lab.toml"]
+
+
+def test_unknown_run_and_unknown_command(tmp_path):
+    (tmp_path / "lab.toml").write_text('[lab]\nresults = "r"\n')
+    res = run_lab_cli("show", "nope", "-c", str(tmp_path / "lab.toml"), cwd=tmp_path)
+    _one_line_exit_2(res, "no runs")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["lab.toml"]
+    res = run_lab_cli("frobnicate", cwd=tmp_path)
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+
+
+def test_plan_shows_cells_and_estimate(tmp_path):
+    (tmp_path / "lab.toml").write_text('[matrix]\nnic = ["virtio", "e1000"]\nvcpus = [1, 2]\n')
+    res = run_lab_cli("plan", "-c", str(tmp_path / "lab.toml"), cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert "4 cells" in res.stdout and "c04" in res.stdout and "estimated time" in res.stdout
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["lab.toml"]
