@@ -182,16 +182,21 @@ def _install_signal_handlers():
 @cli.command("run")
 @config_option
 @click.option("--run-id", default=None, help="use this run id (default: random)")
-def run_cmd(config_path, run_id):
+@click.option("--resume", "resume", default=None, metavar="RUN",
+              help="continue RUN: cells that did not finish are run again, finished ones are kept")
+def run_cmd(config_path, run_id, resume):
     """Clone -> boot -> verify -> tune -> workloads -> destroy, cell by cell. Results are saved."""
     cfg = config.load(config_path)
     text = Path(config_path).read_text()
     prepared = runner.prepare(cfg)  # every check that can fail before anything is created
+    if resume and not (cfg.results_dir / Store.FILENAME).exists():
+        raise UsageError(f"cannot resume {resume!r}: no runs in {cfg.results_dir}")
     store = Store(cfg.results_dir)
     reporter = RichReporter() if err.is_terminal else PlainReporter()
     _install_signal_handlers()
     try:
-        rid = runner.run_lab(cfg, store, reporter, run_id=run_id, config_text=text, prepared=prepared)
+        rid = runner.run_lab(cfg, store, reporter, run_id=run_id, config_text=text, prepared=prepared,
+                             resume=resume)
     finally:
         reporter.close()
     _print_show(store, store.run(rid))
@@ -308,6 +313,23 @@ def compare_cmd(run_a, run_b, config_path, results_dir, as_json):
     out.print(table)
 
 
+@cli.command("report")
+@click.argument("run_ref", default="latest")
+@config_option
+@results_option
+@click.option("--vs", "vs_ref", default=None, metavar="RUN",
+              help="compare against this run: A = RUN_REF, B = this run, as in `lab compare A B`")
+@click.option("-o", "--output", "output", default=None, type=click.Path(dir_okay=False),
+              help="HTML file to write (default: report-<run>.html next to the results store)")
+def report_cmd(run_ref, config_path, results_dir, vs_ref, output):
+    """One self-contained HTML file: charts, results and comparison tables, hosts, manifest."""
+    from lab import report
+
+    store = _store(config_path, results_dir)
+    path = report.write(store, run_ref, vs_ref, output)
+    out.print(str(path), markup=False, soft_wrap=True)
+
+
 @cli.command("reparse")
 @click.argument("run_ref")
 @config_option
@@ -323,12 +345,13 @@ def reparse_cmd(run_ref, config_path, results_dir):
 @cli.command("gc")
 @config_option
 @click.option("--dry-run", is_flag=True, help="list what would be removed")
-def gc_cmd(config_path, dry_run):
+@click.option("--force", is_flag=True, help="also remove unexpired leases on remote hosts, and live runs' VMs")
+def gc_cmd(config_path, dry_run, force):
     """Destroy anything a crashed or killed run left behind (VMs, disks, taps, namespaces)."""
     from lab import gc as gc_mod
 
     cfg = config.load(config_path) if Path(config_path).exists() else config.parse({}, config_path)
-    report = gc_mod.collect(cfg, dry_run=dry_run)
+    report = gc_mod.collect(cfg, dry_run=dry_run, force=force)
     for line in report.lines:
         out.print(line, markup=False)
     verb = "would remove" if dry_run else "removed"

@@ -1,11 +1,14 @@
 """`lab gc`: remove what crashed or killed runs left behind, on every configured host.
 
-Things that belong to a live run (its lock is held) are kept; everything else carrying a lab run
-id goes, VMs and processes first, then disks, taps and namespaces.
+What goes: anything carrying a lab run id whose run is known to be dead (on the local backend:
+no process holds the run's lock), or whose lease has expired. A remote backend cannot tell
+whether a run on another machine is alive, so there only expired leases go, unless --force.
+VMs and processes first, then disks, taps and namespaces.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 from lab.config import LabConfig
@@ -23,12 +26,14 @@ class GcReport:
     errors: list[str] = field(default_factory=list)
 
 
-def collect(cfg: LabConfig, *, dry_run: bool = False, hosts: list[str] | None = None) -> GcReport:
+def collect(cfg: LabConfig, *, dry_run: bool = False, hosts: list[str] | None = None, force: bool = False,
+            backends: dict | None = None, now: float | None = None) -> GcReport:
     from lab.runner import build_backends
 
     report = GcReport()
+    now = time.time() if now is None else now
     names = set(hosts or cfg.hosts)
-    backends = build_backends(cfg, names)
+    backends = backends if backends is not None else build_backends(cfg, names)
     removed_vms: list[str] = []
     for host, backend in sorted(backends.items()):
         try:
@@ -38,9 +43,16 @@ def collect(cfg: LabConfig, *, dry_run: bool = False, hosts: list[str] | None = 
             continue
         for item in sorted(items, key=lambda i: (ORDER.get(i.kind, 9), i.name)):
             live = getattr(backend, "run_is_live", None)
-            if item.run_id and live is not None and live(item.run_id):
+            expired = bool(item.expires_at) and item.expires_at < now
+            if live is not None:
+                keep = bool(item.run_id) and live(item.run_id) and not force
+                why = f"run {item.run_id} is live"
+            else:
+                keep = not expired and not force
+                why = "lease not expired; another machine's run may own it (--force removes it)"
+            if keep:
                 report.kept += 1
-                report.lines.append(f"keep   {host} {item.kind} {item.name} (run {item.run_id} is live)")
+                report.lines.append(f"keep   {host} {item.kind} {item.name} ({why})")
                 continue
             if dry_run:
                 report.removed += 1

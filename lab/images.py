@@ -18,6 +18,7 @@ A recipe digest (sha256 over every input) makes ``build`` idempotent: same diges
 from __future__ import annotations
 
 import base64
+import fcntl
 import hashlib
 import json
 import os
@@ -273,9 +274,12 @@ def ensure_key(images_dir: Path | None = None) -> Path:
     key, pub = paths["ssh_key"], paths["ssh_pubkey"]
     if key.is_file() and pub.is_file():
         return key
+    if key.is_file():  # never throw a private key away: derive its public half
+        res = proc.run(["ssh-keygen", "-y", "-f", key], timeout=30, what="ssh-keygen -y")
+        pub.write_text(res.stdout.strip() + " lab@golden-images\n")
+        return key
     key.parent.mkdir(parents=True, exist_ok=True)
-    for p in (key, pub):
-        p.unlink(missing_ok=True)
+    pub.unlink(missing_ok=True)
     proc.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "lab@golden-images", "-f", key],
              timeout=30, what="ssh-keygen")
     key.chmod(0o600)
@@ -381,8 +385,10 @@ def render_stage(name: str, out: Path, templates_dir: Path | None = None) -> Non
     for pf in page_files:
         mod = site_env.get_template(f"pages/{pf.name}").make_module({"pages": [], "href": pf.name})
         pages.append({"href": pf.name, "title": getattr(mod, "title"), "date": getattr(mod, "date")})
-    pages.sort(key=lambda p: (p["href"] != "index.html", p["date"]), reverse=False)
-    pages = pages[:1] + sorted(pages[1:], key=lambda p: p["date"], reverse=True)
+    index = [p for p in pages if p["href"] == "index.html"]
+    rest = sorted((p for p in pages if p["href"] != "index.html"), key=lambda p: (p["date"], p["href"]),
+                  reverse=True)
+    pages = index + rest  # the home page first, then the newest article first
     for pf in page_files:
         html = site_env.get_template(f"pages/{pf.name}").render(pages=pages, href=pf.name)
         (site / pf.name).parent.mkdir(parents=True, exist_ok=True)
@@ -443,7 +449,21 @@ def build(name: str = "debian12", force: bool = False, progress: Progress = None
     if os.geteuid() != 0:
         raise LabError("building a golden image needs root (mmdebstrap --mode=root, chroot)",
                        hint="run `sudo make images`")
+    work = lab.PROJECT_ROOT / "build" / name
+    work.parent.mkdir(parents=True, exist_ok=True)
+    lock = open(work.parent / f"{name}.lock", "w")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.close()
+        raise LabError(f"another build of {name!r} is running (lock {lock.name})") from None
+    try:
+        return _build(r, name, work, idir, digest, say)
+    finally:
+        lock.close()
 
+
+def _build(r: Recipe, name: str, work: Path, idir: Path, digest: str, say: Callable[[str], None]) -> ImageRef:
     t0 = time.monotonic()
     stages: dict[str, float] = {}
 
@@ -451,9 +471,7 @@ def build(name: str = "debian12", force: bool = False, progress: Progress = None
         stages[label] = time.monotonic()
         say(label)
 
-    work = lab.PROJECT_ROOT / "build" / name
-    if work.exists():
-        shutil.rmtree(work)
+    _clean_workdir(work)
     work.mkdir(parents=True)
     rootfs = work / "rootfs"
     key = ensure_key(idir)
@@ -529,6 +547,7 @@ def build(name: str = "debian12", force: bool = False, progress: Progress = None
     os.replace(out_dir / "debian12.qcow2", paths["disk"])
     shutil.copyfile(work / "vmlinuz", paths["kernel"])
     shutil.copyfile(work / "initrd.img", paths["initrd"])
+    base.unlink()  # 700 MB; the logs stay in build/<name>/ for the curious
     sha = file_sha256(paths["disk"])
     vsize = json.loads(proc.run(["qemu-img", "info", "--output=json", paths["disk"]],
                                 timeout=60, what="qemu-img info").stdout)["virtual-size"]
@@ -562,7 +581,9 @@ def build(name: str = "debian12", force: bool = False, progress: Progress = None
         "ssh_key_fingerprint": key_fingerprint(pubkey),
         "nginx": {"root": r.nginx["root"], "ports": [80, 443], "certificate": r.nginx["ssl_certificate"],
                   "certificate_sha256": guest.get("nginx_cert_sha256", ""),
-                  "bulk": ["/bulk/1m.bin", "/bulk/64m.bin"], "site_files": guest.get("site_files")},
+                  "bulk": ["/bulk/1m.bin", "/bulk/64m.bin"], "bulk_sha256": guest.get("bulk_sha256", {}),
+                  "site_files": guest.get("site_files")},
+        "initrd_modules": _initrd_modules(),
         "paths": {k: p.relative_to(idir).as_posix() for k, p in paths.items()},
         "mirrors": mirrors,
         "builder": {
@@ -577,6 +598,35 @@ def build(name: str = "debian12", force: bool = False, progress: Progress = None
     os.replace(tmp, mpath)
     say(f"done in {manifest['build_seconds']:.0f} s: {paths['disk']}")
     return load(name, idir)
+
+
+def _initrd_modules() -> list[str]:
+    path = lab.TEMPLATES_DIR / "image" / "rootfs" / "usr" / "share" / "initramfs-tools" / "modules.d" / "lab"
+    return [w for line in path.read_text().splitlines() for w in line.split("#", 1)[0].split()]
+
+
+def _mounts_under(path: Path) -> list[str]:
+    prefix = str(path.resolve()) + "/"
+    try:
+        lines = Path("/proc/self/mounts").read_text().splitlines()
+    except OSError:
+        return []
+    points = [line.split()[1].replace("\\040", " ") for line in lines if len(line.split()) > 1]
+    return sorted((p for p in points if p.startswith(prefix)), key=len, reverse=True)
+
+
+def _clean_workdir(work: Path) -> None:
+    """Remove a previous build's directory. A killed mmdebstrap can leave /proc, /sys or /dev
+    mounted in its rootfs: unmount those first, never delete through a bind mount."""
+    if not work.exists():
+        return
+    for point in _mounts_under(work):
+        proc.run(["umount", "-R", point], timeout=60, check=False, what="umount")
+    left = _mounts_under(work)
+    if left:
+        raise LabError(f"{work} still has mounts: {', '.join(left)}",
+                       hint=f"unmount them (umount -R) and delete {work} by hand")
+    shutil.rmtree(work)
 
 
 def _stage_durations(starts: dict[str, float], end: float) -> dict[str, float]:

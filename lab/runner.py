@@ -135,20 +135,38 @@ def prepare(cfg: LabConfig) -> tuple[list[plan.Cell], dict[str, Any], dict[str, 
 
 
 def run_lab(cfg: LabConfig, store: Store, reporter: Reporter | None = None, *, run_id: str | None = None,
-            config_text: str = "", prepared=None) -> str:
+            config_text: str = "", prepared=None, resume: str | None = None) -> str:
     reporter = reporter or SilentReporter()
     cells, imgs, backends = prepared or prepare(cfg)
-    run_id = run_id or new_run_id()
-    seed = cfg.suite.seed if cfg.suite.seed is not None else random.SystemRandom().randrange(2**31)
-    ordered = plan.order(cells, cfg.suite.order, seed)
     manifest = {"images": {n: {"digest": i.digest, "sha256": i.sha256, "tools": i.manifest.get("tools", {})}
                            for n, i in imgs.items()},
-                "workloads": {w: workload_params(cfg, w) for w in cfg.suite.workloads},
-                "order": [c.id for c in ordered]}
-    store.create_run(run_id, cfg.lab.name, config_path=str(Path(cfg.source).resolve()), config_text=config_text,
-                     seed=seed, lab_version=__version__, manifest=manifest)
-    for c in cells:
-        store.add_cell(run_id, c.id, c.index, c.label, c.axes())
+                "workloads": {w: workload_params(cfg, w) for w in cfg.suite.workloads}}
+    if resume:
+        run_id, seed, todo = _resumable(store, resume, cells, manifest)
+    else:
+        run_id = run_id or new_run_id()
+        seed = cfg.suite.seed if cfg.suite.seed is not None else random.SystemRandom().randrange(2**31)
+    ordered = plan.order(cells, cfg.suite.order, seed)
+    manifest["order"] = [c.id for c in ordered]
+    if resume:
+        ordered = [c for c in ordered if c.id in todo]
+        for c in ordered:
+            store.reset_cell(run_id, c.id)
+        store.reopen_run(run_id)
+    else:
+        store.create_run(run_id, cfg.lab.name, config_path=str(Path(cfg.source).resolve()), config_text=config_text,
+                         seed=seed, lab_version=__version__, manifest=manifest)
+        for c in cells:
+            store.add_cell(run_id, c.id, c.index, c.label, c.axes())
+    # Leftovers of dead runs on these hosts go before anything new is made.
+    from lab import gc
+
+    swept = gc.collect(cfg, hosts=list(backends), backends=backends)
+    for line in swept.lines:
+        if line.startswith("removed"):
+            reporter.warn(f"swept a leftover of an earlier run: {line.removeprefix('removed ')}")
+    for e in swept.errors:
+        reporter.warn(f"could not sweep: {e}")
     ctx = RunContext(cfg, store, run_id, reporter, backends)
     reporter.run_started(run_id, ordered, estimate_seconds(cfg, ordered))
     status, error = "failed", None
@@ -183,6 +201,29 @@ def run_lab(cfg: LabConfig, store: Store, reporter: Reporter | None = None, *, r
         raise TeardownError(f"run {run_id}: teardown failed: {'; '.join(ctx.teardown_failures)}",
                             hint="run `lab gc` to remove what is left")
     return run_id
+
+
+def _resumable(store: Store, ref: str, cells: list[plan.Cell], manifest: dict[str, Any]) -> tuple[str, int, set[str]]:
+    """A run can be resumed with the same matrix, images and tool versions only: a resumed run
+    must not mix measurements of different images."""
+    from lab.errors import UsageError
+
+    run = store.run(ref)
+    stored = {c.cell_id: c for c in store.cells(run.id)}
+    for c in cells:
+        if c.id not in stored or stored[c.id].label != c.label:
+            raise UsageError(f"cannot resume run {run.id}: the matrix changed (cell {c.id} is now {c.label})")
+    if len(stored) != len(cells):
+        raise UsageError(f"cannot resume run {run.id}: the matrix changed ({len(stored)} cells then, {len(cells)} now)")
+    for name, now in manifest["images"].items():
+        then = run.manifest.get("images", {}).get(name, {})
+        if then.get("digest") != now["digest"] or then.get("tools") != now["tools"]:
+            raise UsageError(f"cannot resume run {run.id}: image {name} changed since (recipe "
+                             f"{str(then.get('digest'))[:12]} then, {now['digest'][:12]} now)")
+    if run.manifest.get("workloads") != manifest["workloads"]:
+        raise UsageError(f"cannot resume run {run.id}: the suite's workloads or parameters changed")
+    todo = {cid for cid, c in stored.items() if c.status not in (CellStatus.DONE, CellStatus.NA)}
+    return run.id, int(run.seed or 0), todo
 
 
 def run_cell(ctx: RunContext, cell: plan.Cell, image, position: int, total: int) -> str:

@@ -202,6 +202,19 @@ class Store:
         self.db.execute("UPDATE runs SET status = ?, error = ?, finished_at = ? WHERE id = ?",
                         (status, error, time.time(), run_id))
 
+    def reopen_run(self, run_id: str) -> None:
+        self.db.execute("UPDATE runs SET status = 'running', error = NULL, finished_at = NULL WHERE id = ?",
+                        (run_id,))
+
+    def reset_cell(self, run_id: str, cell_id: str) -> None:
+        """Forget an unfinished cell's partial results before it is run again (resume)."""
+        with self.db:
+            self.db.execute("BEGIN")
+            self.db.execute("DELETE FROM samples WHERE run_id = ? AND cell_id = ?", (run_id, cell_id))
+            self.db.execute("DELETE FROM raw_outputs WHERE run_id = ? AND cell_id = ?", (run_id, cell_id))
+            self.db.execute("UPDATE cells SET status = 'pending', stage = NULL, error = NULL, started_at = NULL,"
+                            " finished_at = NULL, facts = '{}' WHERE run_id = ? AND cell_id = ?", (run_id, cell_id))
+
     def update_manifest(self, run_id: str, manifest: dict[str, Any]) -> None:
         self.db.execute("UPDATE runs SET manifest = ? WHERE id = ?", (_j(manifest), run_id))
 

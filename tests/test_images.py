@@ -260,6 +260,12 @@ def test_manifest_describes_the_image():
         assert m["tools"][tool].startswith(prefix), (tool, m["tools"].get(tool))
     for pkg in ("sysbench", "iperf3", "nginx", "openssl", "git", "curl", "openssh-server", "linux-image-amd64"):
         assert m["packages"][pkg], pkg
+    bulk = m["nginx"]["bulk_sha256"]
+    assert set(bulk) == {"/bulk/1m.bin", "/bulk/64m.bin"}
+    assert all(len(v) == 64 and int(v, 16) >= 0 for v in bulk.values())
+    assert m["nginx"]["site_files"] >= 10
+    for mod in ("virtio_pci", "virtio_blk", "virtio_net", "e1000", "e1000e", "nvme", "ahci", "ext4"):
+        assert mod in m["initrd_modules"]
 
 
 @pytest.mark.image
@@ -300,3 +306,71 @@ def test_guest_and_build_scripts_pass_shellcheck():
     assert len(scripts) >= 5
     res = proc.run(["shellcheck", "-S", "warning", *scripts], timeout=60, check=False)
     assert res.returncode == 0, res.stdout
+
+
+# ---------------------------------------------------------------------------------------------
+# the guest's network unit script, run on the host with a fake `ip`
+
+LAB_NET = lab.TEMPLATES_DIR / "image" / "rootfs" / "usr" / "local" / "sbin" / "lab-net"
+
+
+def _run_lab_net(tmp_path: Path, cmdline: str) -> str:
+    fake = tmp_path / "bin"
+    fake.mkdir(exist_ok=True)
+    (fake / "ip").write_text(f"#!/bin/sh\necho \"$@\" >> {tmp_path}/ip.args\ncat >> {tmp_path}/ip.batch\n")
+    (fake / "ip").chmod(0o755)
+    (tmp_path / "cmdline").write_text(cmdline + "\n")
+    (tmp_path / "ip.batch").write_text("")
+    (tmp_path / "sys" / "eth0").mkdir(parents=True, exist_ok=True)
+    proc.run(["sh", LAB_NET], timeout=30, env={"PATH": f"{fake}:/usr/bin:/bin",
+                                              "LAB_CMDLINE_FILE": str(tmp_path / "cmdline"),
+                                              "LAB_SYS_NET": str(tmp_path / "sys")})
+    assert (tmp_path / "ip.args").read_text().split() == ["-batch", "-"]  # one process only
+    return (tmp_path / "ip.batch").read_text()
+
+
+def test_lab_net_configures_eth0_from_the_kernel_command_line(tmp_path):
+    batch = _run_lab_net(tmp_path, images.DEBIAN12.cmdline + " lab.ip=10.77.0.23/24 lab.gw=10.77.0.1")
+    lines = [line for line in batch.splitlines() if line.strip()]
+    assert lines == ["link set lo up", "link set eth0 up", "addr replace 10.77.0.23/24 dev eth0",
+                     "route replace default via 10.77.0.1 dev eth0"]
+
+
+def test_lab_net_without_gateway_and_without_lab_ip(tmp_path):
+    batch = _run_lab_net(tmp_path, "root=LABEL=labroot lab.ip=192.0.2.5/28")
+    assert "addr replace 192.0.2.5/28 dev eth0" in batch and "route" not in batch
+    (tmp_path / "ip.args").unlink()
+    batch = _run_lab_net(tmp_path, "console=ttyS0 root=LABEL=labroot quiet")  # Packer's slirp boot
+    assert "addr replace 10.0.2.15/24 dev eth0" in batch
+    assert "route replace default via 10.0.2.2 dev eth0" in batch
+
+
+def test_image_units_keep_the_boot_contract():
+    root = lab.TEMPLATES_DIR / "image" / "rootfs"
+    ready = (root / "etc/systemd/system/lab-ready.service").read_text()
+    assert "After=lab-net.service ssh.service" in ready
+    assert "LAB-READY" in (root / "usr/local/sbin/lab-ready").read_text()
+    assert "/dev/ttyS0" in (root / "usr/local/sbin/lab-ready").read_text()
+    masked = (lab.TEMPLATES_DIR / "image" / "masked-units").read_text().split()
+    assert "systemd-logind.service" in masked and "ssh.service" not in masked
+    assert "lab-net.service" not in masked and "nginx.service" not in masked
+    modules = (root / "usr/share/initramfs-tools/modules.d/lab").read_text().split()
+    for m in ("virtio_pci", "virtio_blk", "virtio_scsi", "virtio_net", "e1000", "e1000e", "ahci",
+              "sd_mod", "nvme", "ext4"):
+        assert m in modules
+    sshd = (root / "etc/ssh/sshd_config.d/lab.conf").read_text()
+    assert "PasswordAuthentication no" in sshd and "PermitRootLogin prohibit-password" in sshd
+
+
+def test_ensure_key_makes_one_key_and_keeps_it(tmp_path):
+    key = images.ensure_key(tmp_path)
+    assert key == tmp_path / "lab_key" and oct(key.stat().st_mode & 0o777) == "0o600"
+    pub = (tmp_path / "lab_key.pub").read_text()
+    assert pub.startswith("ssh-ed25519 ")
+    private = key.read_bytes()
+    assert images.ensure_key(tmp_path) == key and key.read_bytes() == private
+    # A lost public half is derived again from the private key, never a new key.
+    (tmp_path / "lab_key.pub").unlink()
+    images.ensure_key(tmp_path)
+    assert key.read_bytes() == private
+    assert images.key_fingerprint((tmp_path / "lab_key.pub").read_text()) == images.key_fingerprint(pub)

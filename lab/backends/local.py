@@ -146,7 +146,20 @@ class LocalBackend:
         self.workdir.mkdir(parents=True, exist_ok=True)
         # Held for the run's life: `lab gc` leaves alone what a live run owns.
         self._run_lock = open(self.workdir / f"{ns}.lock", "w")
-        fcntl.flock(self._run_lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+        def locked() -> bool:
+            try:
+                fcntl.flock(self._run_lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return True
+            except BlockingIOError:  # a `lab gc` may be testing the lock for a moment
+                return False
+
+        try:
+            wait_until(locked, timeout=10, what=f"the lock of run {run_id} (is another `lab run --resume` on it?)")
+        except LabError:
+            self._run_lock.close()
+            self._run_lock = None
+            raise
         self._run_lock.write(str(os.getpid()))
         self._run_lock.flush()
         gw = f"{self.subnet}.1"

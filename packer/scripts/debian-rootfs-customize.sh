@@ -10,8 +10,9 @@ echo "$LAB_HOSTNAME" > "$root/etc/hostname"
 printf '127.0.0.1\tlocalhost\n127.0.1.1\t%s\n::1\tlocalhost ip6-localhost ip6-loopback\n' \
     "$LAB_HOSTNAME" > "$root/etc/hosts"
 
-# Root: no password, the lab key only.
-chroot "$root" passwd -l root >/dev/null
+# Root: no usable password ("*", not the "!" of a locked account, which sshd refuses even for
+# keys when UsePAM is off), the lab key only.
+chroot "$root" usermod -p '*' root
 install -d -m 700 "$root/root/.ssh"
 printf '%s\n' "$LAB_PUBKEY" > "$root/root/.ssh/authorized_keys"
 chmod 600 "$root/root/.ssh/authorized_keys"

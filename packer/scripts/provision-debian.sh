@@ -71,6 +71,8 @@ kernels_json=$(for k in $kernels; do printf '"%s",' "$k"; done | sed 's/,$//')
     printf '  },\n'
     printf '  "nginx_cert_sha256": "%s",\n' "$(openssl x509 -in /etc/nginx/lab.crt -noout -fingerprint -sha256 | cut -d= -f2)"
     printf '  "site_files": %s,\n' "$(find /srv/www -type f | wc -l)"
+    printf '  "bulk_sha256": {"/bulk/1m.bin": "%s", "/bulk/64m.bin": "%s"},\n' \
+        "$(sha256sum /srv/www/bulk/1m.bin | cut -d' ' -f1)" "$(sha256sum /srv/www/bulk/64m.bin | cut -d' ' -f1)"
     printf '  "dpkg_packages": %s\n' "$(dpkg-query -W -f='${db:Status-Abbrev}\n' | grep -c '^ii')"
     printf '}\n'
 } > /etc/lab-image.json

@@ -1,0 +1,132 @@
+"""Reliability on real VMs: resume after a kill -9, two labs at once, gc policy on expiry."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+
+import pytest
+
+from lab import config, gc
+from lab.errors import UsageError
+from lab.model import Owned
+from lab.runner import _resumable
+from lab.store import Store
+from lab.wait import wait_until
+
+from conftest import LAB, leftovers, run_lab_cli, write_lab
+
+SUITE = """
+workloads = ["sysbench-cpu"]
+repetitions = 3
+warmup = 0
+[suite.params.sysbench-cpu]
+time = 1
+threads = [1]
+"""
+
+
+@pytest.mark.vm
+@pytest.mark.image
+def test_resume_after_kill_9_reruns_only_unfinished_cells(golden, workdir, tmp_path):
+    cfg = write_lab(tmp_path, workdir, matrix='nic = ["virtio", "e1000"]\n', suite=SUITE)
+    p = subprocess.Popen([*LAB, "run", "-c", str(cfg)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                         start_new_session=True)
+    results = tmp_path / "results"
+
+    def c02_started():
+        if not (results / "lab.db").exists():
+            return None
+        s = Store(results)
+        try:
+            runs = s.runs()
+            if runs and [c.status for c in s.cells(runs[0].id)] == ["done", "running"]:
+                return runs[0].id
+            return None
+        finally:
+            s.close()
+
+    try:
+        run_id = wait_until(c02_started, timeout=600, what="cell c02 to start", interval=0.5)
+    finally:
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+    store = Store(results)
+    before = [(s.cell_id, s.metric, s.repetition, s.value) for s in store.samples(run_id) if s.cell_id == "c01"]
+    assert before
+    res = run_lab_cli("run", "-c", str(cfg), "--resume", run_id, timeout=900)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "swept a leftover" in res.stderr  # the killed run's VM and namespace
+    cells = store.cells(run_id)
+    assert [c.status for c in cells] == ["done", "done"]
+    after = [(s.cell_id, s.metric, s.repetition, s.value) for s in store.samples(run_id) if s.cell_id == "c01"]
+    assert after == before, "a finished cell must not be run again"
+    assert {s.repetition for s in store.samples(run_id) if s.cell_id == "c02"} == {0, 1, 2}
+    assert store.run(run_id).status == "done"
+    assert store.open_leases() == [] or all(l["run_id"] != run_id for l in store.open_leases())
+    assert leftovers(workdir, run_id) == []
+
+
+@pytest.mark.vm
+@pytest.mark.image
+def test_two_labs_at_once_do_not_collide(golden, workdir, tmp_path):
+    cfg = write_lab(tmp_path, workdir, matrix='nic = ["virtio"]\n', suite=SUITE)
+    procs = [subprocess.Popen([*LAB, "run", "-c", str(cfg)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                              text=True) for _ in range(2)]
+    errs = [p.communicate(timeout=900)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], errs
+    store = Store(tmp_path / "results")
+    runs = store.runs()
+    assert len(runs) == 2 and {r.status for r in runs} == {"done"}
+    for r in runs:
+        assert len(store.samples(r.id)) > 0
+        assert leftovers(workdir, r.id) == []
+
+
+def test_resume_refuses_changed_images(tmp_path):
+    store = Store(tmp_path)
+    manifest = {"images": {"debian12": {"digest": "aaa", "tools": {"sysbench": "1.0.20"}}},
+                "workloads": {"sysbench-cpu": {"time": 1}}}
+    store.create_run("r1", "t", config_path="", config_text="", seed=3, lab_version="0", manifest=manifest)
+    cfg = config.LabConfig.model_validate({"matrix": {"nic": ["virtio"]}})
+    from lab import plan
+
+    cells = plan.cells(cfg)
+    store.add_cell("r1", "c01", 1, cells[0].label, cells[0].axes())
+    assert _resumable(store, "r1", cells, manifest)[:2] == ("r1", 3)
+    changed = json.loads(json.dumps(manifest))
+    changed["images"]["debian12"]["digest"] = "bbb"
+    with pytest.raises(UsageError, match="image debian12 changed"):
+        _resumable(store, "r1", cells, changed)
+    two = plan.cells(config.LabConfig.model_validate({"matrix": {"nic": ["virtio", "e1000"]}}))
+    with pytest.raises(UsageError, match="matrix changed"):
+        _resumable(store, "r1", two, manifest)
+
+
+class _Remote:
+    """A backend that cannot tell whether a run elsewhere is alive (like Proxmox or libvirt)."""
+
+    name = "remote"
+
+    def __init__(self, items):
+        self.items, self.removed = items, []
+
+    def list_owned(self):
+        return self.items
+
+    def remove_owned(self, item):
+        self.removed.append(item.name)
+
+
+def test_gc_on_remote_hosts_removes_only_expired_leases_unless_forced(tmp_path):
+    cfg = config.LabConfig.model_validate({"lab": {"results": str(tmp_path)}})
+    now = time.time()
+    items = [Owned("remote", "vm", "lab-a-c01", "a", now - 10), Owned("remote", "vm", "lab-b-c01", "b", now + 3600)]
+    b = _Remote(items)
+    report = gc.collect(cfg, backends={"pve": b}, now=now)
+    assert b.removed == ["lab-a-c01"] and report.kept == 1
+    b = _Remote(items)
+    gc.collect(cfg, backends={"pve": b}, now=now, force=True)
+    assert b.removed == ["lab-a-c01", "lab-b-c01"]
