@@ -89,14 +89,40 @@ class ProxmoxHost(_Strict):
 
 
 class LibvirtHost(_Strict):
+    """A libvirt host: FreeBSD bhyve (bhyve+ssh://) or QEMU/KVM (qemu:///system, qemu+ssh://).
+    Keys left unset (None) take the backend's per-driver default; lab.backends.libvirt documents
+    each. What the driver cannot do (a NIC model, disk bus, disk format, feature) is refused at
+    plan time by the backend's plan_check, with the key and value named."""
+
     backend: Literal["libvirt"]
     uri: str
-    dataset: str | None = None  # ZFS dataset for clones on bhyve hosts
-    pool_dir: str = "/var/lib/libvirt/images/lab"
-    bridge: str = "virbr0"
-    firmware: Literal["uefi", "bhyveload"] = "uefi"
-    ssh: str | None = None  # how to reach a bhyve host for zfs/arp (e.g. root@bsd1)
-    client_address: str = ""
+    ssh: str | None = None  # how to reach the host for zfs/qemu-img/arp (default: from a +ssh URI)
+    dataset: str | None = None  # bhyve: ZFS dataset holding golden zvols and clones (required)
+    golden: str | None = None  # bhyve: golden snapshot, default "{dataset}/{image}@gold"
+    firmware: Literal["uefi", "bhyveload"] | None = None  # bhyve (default uefi)
+    loader: str | None = None  # bhyve UEFI firmware path
+    dir: str | None = None  # QEMU: clones and console logs on the host
+    pool_dir: str | None = None  # alias of dir
+    pool: str | None = None  # QEMU: a libvirt storage pool whose target path holds clones and goldens
+    images_dir: str | None = None  # QEMU: golden images on the host (what `lab images publish` fills)
+    disk_format: Literal["qcow2", "raw"] | None = None
+    bridge: str | None = None  # bhyve default bridge0; QEMU default: none (user networking)
+    network: str | None = None  # a libvirt network instead of a bridge (DHCP lease lookup)
+    subnet: str | None = None  # static guest addresses from this subnet, e.g. "10.78.5.0/24"
+    prefix: int | None = Field(default=None, ge=8, le=32)
+    gateway: str | None = None
+    client_address: str = ""  # the load generator's address as guests see it
+    domain_type: Literal["qemu", "kvm"] | None = None  # QEMU: qemu = TCG (default) or kvm
+    machine: str | None = None
+    bios: str | None = None
+    cpu_mode: str | None = None
+    boot: Literal["auto", "kernel", "disk"] | None = None
+    cmdline: str | None = None
+    dac_label: str | None = None
+    guest_agent: bool | None = None
+    flavour: Literal["qemu", "bhyve"] | None = None  # test:/// URIs only
+    ssh_port: int | None = Field(default=None, ge=1, le=65535)
+    boot_timeout: float | None = Field(default=None, gt=0, le=3600)
 
     @field_validator("uri")
     @classmethod
@@ -254,8 +280,8 @@ def _check_references(cfg: LabConfig, data: dict[str, Any]) -> None:
         if isinstance(host, ProxmoxHost) and not host.token and not (host.user and host.password):
             raise ConfigError(src, f"hosts.{name}.token", None,
                               'Proxmox needs token = "env:NAME" (an API token), or user and password')
-        if name not in cfg.matrix.host:
-            continue
+        if name not in cfg.matrix.host or host.backend not in _FIXED_NIC_MODELS:
+            continue  # backends with a plan_check answer for themselves below
         supported = backend_nic_models(host.backend)
         for i, nic in enumerate(cfg.matrix.nic):
             if nic not in supported:
@@ -278,6 +304,7 @@ def _check_references(cfg: LabConfig, data: dict[str, Any]) -> None:
 
     if not plan.cells(cfg):
         raise ConfigError(src, "matrix.exclude", cfg.matrix.exclude, "excludes every cell; nothing to run")
+    _check_capabilities(cfg, plan.cells(cfg))
     from lab.workloads import load_all
 
     known = load_all()
@@ -301,17 +328,51 @@ def _check_references(cfg: LabConfig, data: dict[str, Any]) -> None:
                 raise ConfigError(src, f"suite.params.{wl}.{key}", val, f"must be {want.__name__}")
 
 
+_FIXED_NIC_MODELS: dict[str, frozenset[NicModel]] = {
+    "local": frozenset({NicModel.VIRTIO, NicModel.E1000, NicModel.E1000E, NicModel.RTL8139, NicModel.VMXNET3}),
+    "proxmox": frozenset({NicModel.VIRTIO, NicModel.E1000, NicModel.E1000E, NicModel.RTL8139, NicModel.VMXNET3}),
+}
+
+
 def backend_nic_models(backend: str) -> frozenset[NicModel]:
-    """NIC models each backend can emulate (checked at plan time, before anything is created)."""
-    return {
-        "local": frozenset({NicModel.VIRTIO, NicModel.E1000, NicModel.E1000E, NicModel.RTL8139,
-                            NicModel.VMXNET3}),
-        "proxmox": frozenset({NicModel.VIRTIO, NicModel.E1000, NicModel.E1000E, NicModel.RTL8139,
-                              NicModel.VMXNET3}),
-        # bhyve emulates virtio-net and e1000 only; libvirt on QEMU hosts could do more, but one
-        # backend answers for both drivers here (see lab.backends.libvirt for the per-URI check).
-        "libvirt": frozenset({NicModel.VIRTIO, NicModel.E1000}),
-    }[backend]
+    """NIC models a backend emulates whatever its host (checked at plan time). The libvirt backend
+    is not here: what it can do depends on the host's driver (bhyve: virtio and e1000 only), so
+    its plan_check answers per host."""
+    return _FIXED_NIC_MODELS[backend]
+
+
+def host_settings(cfg: LabConfig, name: str) -> dict[str, Any]:
+    """The settings a backend is built from: the host's table, unset keys left out, plus the file."""
+    settings = {k: v for k, v in cfg.hosts[name].model_dump().items() if v is not None}
+    settings["source"] = cfg.source
+    return settings
+
+
+def _check_capabilities(cfg: LabConfig, cells: list) -> None:
+    """Ask each backend that can answer without touching its host (a `plan_check` classmethod)
+    whether it can make every cell it is given: NIC model, disk bus, clone kind, settings. Its
+    SettingError names a matrix axis or a host key; we add the file and the exact location."""
+    from lab.backends import backend_class
+    from lab.errors import SettingError
+    from lab.model import ImageRef, VmSpec
+
+    for name, host in cfg.hosts.items():
+        check = getattr(backend_class(host.backend), "plan_check", None)
+        if check is None:
+            continue
+        specs = [VmSpec(name=f"lab-plan-{c.id}", run_id="plan", cell_id=c.id,
+                        image=ImageRef(name=c.image, os=KNOWN_IMAGES[c.image], path=Path(c.image), digest=""),
+                        nic=c.nic, vcpus=c.vcpus, memory_mib=c.memory_mib, disk_bus=c.disk_bus, clone=c.clone)
+                 for c in cells if c.host == name]
+        try:
+            check(name, host_settings(cfg, name), specs)
+        except SettingError as exc:
+            key = f"hosts.{name}.{exc.key}"
+            if exc.key in AXES:
+                values = [str(v) for v in getattr(cfg.matrix, exc.key)]
+                key = f"matrix.{exc.key}[{values.index(str(exc.value))}]" if str(exc.value) in values \
+                    else f"matrix.{exc.key}"
+            raise ConfigError(cfg.source, key, exc.value, exc.problem, hint=exc.hint) from None
 
 
 def resolve_secret(ref: str | None, source: str, key: str) -> str | None:

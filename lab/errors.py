@@ -32,6 +32,17 @@ class ConfigError(UsageError):
         super().__init__(f"{path}: {key} = {shown}: {problem}", hint)
 
 
+class SettingError(UsageError):
+    """A backend cannot do what lab.toml asks: a NIC model, disk bus, setting or feature it lacks.
+    `key` is the lab.toml key (a matrix axis such as "disk_bus", or a host setting such as
+    "guest_agent"), so lab.config can name file, key and value; `problem` is the reason alone."""
+
+    def __init__(self, key: str, value: object, problem: str, hint: str | None = None, *, where: str = ""):
+        self.key, self.value, self.problem = key, value, problem
+        shown = repr(value) if value is not None else "(missing)"
+        super().__init__(f"{where}{key} = {shown}: {problem}", hint)
+
+
 class BackendError(LabError):
     """A hypervisor refused or failed an operation."""
 

@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from lab import IMAGES_DIR, __version__, hostinfo, images, osfacts, plan, tuning
-from lab.backends import BACKENDS
-from lab.config import LabConfig
+from lab.backends import backend_class
+from lab.config import LabConfig, host_settings
 from lab.errors import LabError, TeardownError, VerificationError
 from lab.guest import Guest
 from lab.model import CellStatus, RawOutput, Vm, VmSpec
@@ -105,23 +105,13 @@ def build_backends(cfg: LabConfig, hosts: set[str]) -> dict[str, Any]:
     out = {}
     for name in sorted(hosts):
         hc = cfg.hosts[name]
-        cls = BACKENDS.get(hc.backend)
-        if cls is None:
-            _import_backend(hc.backend)
-            cls = BACKENDS[hc.backend]
-        settings = hc.model_dump()
-        settings["source"] = cfg.source
+        cls = backend_class(hc.backend)
+        settings = host_settings(cfg, name)
         pub = IMAGES_DIR / "lab_key.pub"
         if hc.backend == "proxmox" and not settings.get("ssh_keys") and pub.exists():
             settings["ssh_keys"] = pub.read_text().strip()  # cloud-init gets the lab's key
         out[name] = cls(name, settings)
     return out
-
-
-def _import_backend(name: str) -> None:
-    import importlib
-
-    importlib.import_module(f"lab.backends.{name}")
 
 
 def prepare(cfg: LabConfig) -> tuple[list[plan.Cell], dict[str, Any], dict[str, Any]]:

@@ -24,7 +24,7 @@ import pytest
 import lab
 from lab import proc
 from lab.backends.libvirt import LEASE_NS, LibvirtBackend, mac_for
-from lab.errors import UsageError
+from lab.errors import SettingError, UsageError
 from lab.model import CloneKind, DiskBus, ImageRef, NicModel, VmSpec
 
 XML2ARGV = Path(lab.PROJECT_ROOT).parent / "shared" / "bhyve" / "xml2argv"
@@ -350,18 +350,20 @@ def test_qemu_disk_boot_kvm_user_network_agent(tmp_path):
 
 @pytest.mark.parametrize("nic", [NicModel.E1000E, NicModel.RTL8139, NicModel.VMXNET3])
 def test_bhyve_rejects_nic_models_it_cannot_emulate(nic):
-    with pytest.raises(UsageError, match=rf"NIC model '{nic.value}' is not available.*e1000, virtio"):
+    with pytest.raises(SettingError, match=rf"nic = '{nic.value}': not available.*only e1000, virtio") as exc:
         bhyve().validate_spec(spec(nic=nic))
+    assert (exc.value.key, exc.value.value) == ("nic", nic.value)
 
 
 @pytest.mark.parametrize("bus", [DiskBus.SCSI, DiskBus.IDE])
 def test_bhyve_rejects_disk_buses(bus):
-    with pytest.raises(UsageError, match=rf"disk bus '{bus.value}' is not available"):
+    with pytest.raises(SettingError, match=rf"disk_bus = '{bus.value}': not available") as exc:
         bhyve().validate_spec(spec(bus=bus))
+    assert (exc.value.key, exc.value.value) == ("disk_bus", bus.value)
 
 
 def test_qemu_rejects_nvme_on_this_libvirt():
-    with pytest.raises(UsageError, match="disk bus 'nvme'"):
+    with pytest.raises(SettingError, match="disk_bus = 'nvme'"):
         qemu().validate_spec(spec(bus=DiskBus.NVME))
 
 
@@ -372,7 +374,7 @@ def test_bhyve_disk_format_and_agent_are_settings_errors():
         bhyve(guest_agent=True)
     with pytest.raises(UsageError, match="firmware = 'grub'"):
         bhyve(firmware="grub")
-    with pytest.raises(UsageError, match="dataset is missing"):
+    with pytest.raises(SettingError, match=r"hosts.b.dataset = \(missing\)"):
         LibvirtBackend("b", {"uri": "bhyve+ssh://root@b/system"})
     with pytest.raises(UsageError, match="unknown libvirt setting.*brige"):
         LibvirtBackend("b", {"uri": "qemu:///system", "brige": "x"})
@@ -383,7 +385,7 @@ def test_bhyve_disk_format_and_agent_are_settings_errors():
 def test_bhyve_lacks_features(feature):
     b = bhyve()
     assert not b.supports(feature)
-    with pytest.raises(UsageError, match=rf"'{feature}' is not available on libvirt/bhyve"):
+    with pytest.raises(SettingError, match=rf"requires = '{feature}': not available on libvirt/bhyve"):
         b.require(feature)
     with pytest.raises(UsageError, match=feature):
         b.validate_spec(spec(labels={"requires": feature}))
@@ -393,7 +395,7 @@ def test_bhyve_lacks_features(feature):
 def test_version_gated_bhyve_features():
     b = bhyve()
     b.lib_version = 10_000_000  # libvirt 10.0 on the host (learnt by check())
-    with pytest.raises(UsageError, match=r"'nvme' needs libvirt >= 11.9.0.*10.0.0"):
+    with pytest.raises(SettingError, match=r"disk_bus = 'nvme': needs libvirt >= 11.9.0.*10.0.0"):
         b.validate_spec(spec(bus=DiskBus.NVME))
     with pytest.raises(UsageError, match="interface-addresses.*12.3.0"):
         b.require("interface-addresses")

@@ -65,3 +65,13 @@ BACKENDS: dict[str, type] = {}
 def register(cls: type) -> type:
     BACKENDS[cls.name] = cls
     return cls
+
+
+def backend_class(name: str) -> type:
+    """The registered class of backend `name`, importing its module on first use (proxmoxer and
+    libvirt-python load only when a lab uses them)."""
+    if name not in BACKENDS:
+        import importlib
+
+        importlib.import_module(f"lab.backends.{name}")
+    return BACKENDS[name]

@@ -85,8 +85,8 @@ from xml.etree import ElementTree as ET
 import lab
 from lab import proc
 from lab.backends import register
-from lab.errors import (AuthError, BackendError, CommandError, LabError, TeardownError, UnreachableError,
-                        UsageError)
+from lab.errors import (AuthError, BackendError, CommandError, LabError, SettingError, TeardownError,
+                        UnreachableError, UsageError)
 from lab.model import CloneKind, DiskBus, ImageRef, NicModel, Owned, Vm, VmSpec
 from lab.wait import wait_until
 
@@ -173,11 +173,11 @@ def driver_for_uri(uri: str, flavour: str | None = None) -> str:
     if scheme == "test":
         flavour = flavour or "qemu"
         if flavour not in CAPABILITIES:
-            raise UsageError(f"flavour = {flavour!r}: must be one of {', '.join(sorted(CAPABILITIES))}")
+            raise SettingError("flavour", flavour, f"must be one of {', '.join(sorted(CAPABILITIES))}")
         return flavour
     if scheme not in CAPABILITIES:
-        raise UsageError(f"uri = {uri!r}: unsupported libvirt driver {scheme!r}; "
-                         f"lab drives bhyve and qemu (and test for contract tests)")
+        raise SettingError("uri", uri, f"unsupported libvirt driver {scheme!r}; "
+                           f"lab drives bhyve and qemu (and test for contract tests)")
     return scheme
 
 
@@ -252,15 +252,19 @@ class LibvirtBackend:
         self.lib_version: int | None = None  # host libvirt, known after check()
         self._ssh = self._ssh_args()
 
-        where = f"hosts.{host_name}"
+        where = f"hosts.{host_name}."
+
+        def bad(key: str, value: object, problem: str, hint: str | None = None) -> SettingError:
+            return SettingError(key, value, problem, hint, where=where)
+
         if self.driver == "bhyve":
             self.firmware = s.get("firmware", "uefi")
             if self.firmware not in ("uefi", "bhyveload"):
-                raise UsageError(f"{where}.firmware = {self.firmware!r}: must be uefi or bhyveload")
+                raise bad("firmware", self.firmware, "must be uefi or bhyveload")
             self.dataset = str(s.get("dataset", "")).strip("/")
             if not self.dataset:
-                raise UsageError(f"{where}.dataset is missing: bhyve clones are zvols under a ZFS dataset",
-                                 hint='e.g. dataset = "zroot/lab"')
+                raise bad("dataset", None, "a bhyve host needs the ZFS dataset that holds the golden "
+                          "zvols and the clones", hint='e.g. dataset = "zroot/lab"')
             self.disk_format = s.get("disk_format", "raw")
             self.bridge = s.get("bridge", "bridge0")
         else:
@@ -269,23 +273,23 @@ class LibvirtBackend:
             self.disk_format = s.get("disk_format", "qcow2")
             self.bridge = s.get("bridge", "")
         if self.disk_format not in self.caps.disk_formats:
-            raise UsageError(f"{where}.disk_format = {self.disk_format!r}: the {self.driver} driver "
-                             f"reads only {', '.join(sorted(self.caps.disk_formats))} disks")
+            raise bad("disk_format", self.disk_format, f"the {self.driver} driver reads only "
+                      f"{', '.join(sorted(self.caps.disk_formats))} disks")
         self.domain_type = s.get("domain_type", "qemu")
         if self.driver == "qemu" and self.domain_type not in ("qemu", "kvm"):
-            raise UsageError(f"{where}.domain_type = {self.domain_type!r}: must be qemu (TCG) or kvm")
+            raise bad("domain_type", self.domain_type, "must be qemu (TCG) or kvm")
         self.boot = s.get("boot", "auto")
         if self.boot not in ("auto", "kernel", "disk"):
-            raise UsageError(f"{where}.boot = {self.boot!r}: must be auto, kernel or disk")
+            raise bad("boot", self.boot, "must be auto, kernel or disk")
         if self.driver == "bhyve" and s.get("guest_agent"):
-            raise UsageError(f"{where}.guest_agent = true: bhyve has no qemu-guest-agent support "
-                             "lab can rely on (libvirt >= 12.4 only, never for IP discovery)")
+            raise bad("guest_agent", True, "bhyve has no qemu-guest-agent support lab can rely on "
+                      "(libvirt >= 12.4 only, never for IP discovery)")
         self.subnet = None
         if s.get("subnet"):
             try:
                 self.subnet = ipaddress.ip_network(str(s["subnet"]), strict=False)
             except ValueError:
-                raise UsageError(f"{where}.subnet = {s['subnet']!r}: not a network like 10.78.5.0/24") from None
+                raise bad("subnet", s["subnet"], "not a network like 10.78.5.0/24") from None
         self.prefix = int(s.get("prefix", self.subnet.prefixlen if self.subnet else 24))
         self._dir: str | None = None
 
@@ -376,12 +380,12 @@ class LibvirtBackend:
         if feature not in FEATURES:
             raise UsageError(f"unknown feature {feature!r}; known: {', '.join(FEATURES)}")
         if feature not in self.caps.features:
-            raise UsageError(f"{feature!r} is not available on libvirt/{self.driver} host {self.host_name!r}",
-                             hint=self._bhyve_hint(feature))
+            raise SettingError("requires", feature, f"not available on libvirt/{self.driver} host "
+                               f"{self.host_name!r}", hint=self._bhyve_hint(feature))
         need = self.caps.since.get(feature)
         if need and self.lib_version is not None and self.lib_version < need:
-            raise UsageError(f"{feature!r} needs libvirt >= {_vs(need)} on host {self.host_name!r}, "
-                             f"which runs {_vs(self.lib_version)}")
+            raise SettingError("requires", feature, f"needs libvirt >= {_vs(need)} on host {self.host_name!r}, "
+                               f"which runs {_vs(self.lib_version)}")
 
     def _bhyve_hint(self, feature: str) -> str | None:
         if self.driver != "bhyve":
@@ -391,42 +395,44 @@ class LibvirtBackend:
                 }.get(feature, "the bhyve driver lacks it (see shared/research/bhyve.md, capability table)")
 
     def validate_spec(self, spec: VmSpec) -> None:
-        """Plan-time check: everything this spec asks of the driver exists. Raises UsageError
-        naming the offending value; creates nothing and needs no connection."""
+        """Plan-time check: everything this spec asks of the driver exists. Raises SettingError
+        naming the lab.toml key and value (a matrix axis); creates nothing, needs no connection."""
         where = f"host {self.host_name!r} (libvirt/{self.driver})"
         if not _NAME_RE.match(spec.name):
             raise UsageError(f"VM name {spec.name!r} is not usable as a libvirt/zfs/file name")
         try:
             nic = NicModel(spec.nic)
         except ValueError:
-            raise UsageError(f"NIC model {spec.nic!r} is unknown") from None
+            raise SettingError("nic", spec.nic, "unknown NIC model") from None
         if nic not in self.caps.nics:
-            raise UsageError(f"NIC model {nic.value!r} is not available on {where}; it emulates only "
-                             f"{', '.join(sorted(m.value for m in self.caps.nics))}",
-                             hint="exclude it for this host in [matrix] exclude")
+            raise SettingError("nic", nic.value, f"not available on {where}, which emulates only "
+                               f"{', '.join(sorted(m.value for m in self.caps.nics))}",
+                               hint="exclude it for this host in [matrix] exclude")
         try:
             bus = DiskBus(spec.disk_bus)
         except ValueError:
-            raise UsageError(f"disk bus {spec.disk_bus!r} is unknown") from None
+            raise SettingError("disk_bus", spec.disk_bus, "unknown disk bus") from None
         if bus not in self.caps.disk_buses:
-            raise UsageError(f"disk bus {bus.value!r} is not available on {where}; it offers "
-                             f"{', '.join(sorted(b.value for b in self.caps.disk_buses))}")
-        for value in (nic.value, bus.value):
+            raise SettingError("disk_bus", bus.value, f"not available on {where}, which offers "
+                               f"{', '.join(sorted(b.value for b in self.caps.disk_buses))}",
+                               hint="exclude it for this host in [matrix] exclude")
+        for key, value in (("nic", nic.value), ("disk_bus", bus.value)):
             need = self.caps.since.get(value)
             if need and self.lib_version is not None and self.lib_version < need:
-                raise UsageError(f"{value!r} needs libvirt >= {_vs(need)} on {where}, "
-                                 f"which runs {_vs(self.lib_version)}")
+                raise SettingError(key, value, f"needs libvirt >= {_vs(need)} on {where}, "
+                                   f"which runs {_vs(self.lib_version)}")
         if self.driver == "bhyve" and self.firmware == "uefi":
             need = self.caps.since["uefi"]
             if self.lib_version is not None and self.lib_version < need:
-                raise UsageError(f"firmware 'uefi' needs libvirt >= {_vs(need)} on {where}")
+                raise SettingError("firmware", "uefi", f"needs libvirt >= {_vs(need)} on {where}",
+                                   where=f"hosts.{self.host_name}.")
         if CloneKind(spec.clone) is CloneKind.LINKED and self.disk_format != "qcow2" and self.driver == "qemu":
-            raise UsageError(f"disk_format {self.disk_format!r} cannot be a linked clone on {where}",
-                             hint="use clone = full, or disk_format = qcow2")
+            raise SettingError("clone", "linked", f"a linked clone needs disk_format qcow2 on {where} "
+                               f"(it has {self.disk_format})", hint="use clone = full, or disk_format = qcow2")
         if not 1 <= spec.vcpus <= self.caps.max_vcpus:
-            raise UsageError(f"vcpus = {spec.vcpus} is outside 1..{self.caps.max_vcpus} on {where}")
+            raise SettingError("vcpus", spec.vcpus, f"outside 1..{self.caps.max_vcpus} on {where}")
         if spec.memory_mib < 64:
-            raise UsageError(f"memory_mib = {spec.memory_mib} is too small (>= 64)")
+            raise SettingError("memory_mib", spec.memory_mib, "too small (>= 64)")
         if spec.ip:
             try:
                 ipaddress.ip_interface(spec.ip if "/" in spec.ip else f"{spec.ip}/{self.prefix}")
@@ -436,6 +442,15 @@ class LibvirtBackend:
             raise UsageError(f"mac = {spec.mac!r} is not a MAC address")
         for feature in filter(None, (f.strip() for f in spec.labels.get("requires", "").split(","))):
             self.require(feature)
+
+    @classmethod
+    def plan_check(cls, host_name: str, settings: dict, specs: Sequence[VmSpec]) -> None:
+        """What `lab plan` asks before anything exists: the host's settings and every cell's
+        NIC model, disk bus, clone kind and size against the driver's capabilities (from the URI
+        alone: no connection). Raises SettingError naming the key and value."""
+        backend = cls(host_name, settings)
+        for spec in specs:
+            backend.validate_spec(spec)
 
     # ---------------------------------------------------------------- Backend protocol
 
