@@ -1,8 +1,10 @@
 """`lab gc`: remove what crashed or killed runs left behind, on every configured host.
 
-What goes: anything carrying a lab run id whose run is known to be dead (on the local backend:
-no process holds the run's lock), or whose lease has expired. A remote backend cannot tell
-whether a run on another machine is alive, so there only expired leases go, unless --force.
+What goes: anything carrying a lab run id whose run is known to be dead (a backend's
+`run_is_live` says so: no process on this machine holds the run's lock), or whose lease has
+expired. Whether a run started on another machine is alive cannot be known from here
+(`run_is_live` answers None, or the backend has none), so there only expired leases go, unless
+--force.
 VMs and processes first, then disks, taps and namespaces.
 """
 
@@ -15,7 +17,7 @@ from lab.config import LabConfig
 from lab.errors import LabError
 from lab.store import Store
 
-ORDER = {"vm": 0, "process": 0, "disk": 1, "tap": 2, "netns": 3}
+ORDER = {"vm": 0, "process": 0, "disk": 1, "tap": 2, "netns": 3, "lock": 4}
 
 
 @dataclass
@@ -44,8 +46,10 @@ def collect(cfg: LabConfig, *, dry_run: bool = False, hosts: list[str] | None = 
         for item in sorted(items, key=lambda i: (ORDER.get(i.kind, 9), i.name)):
             live = getattr(backend, "run_is_live", None)
             expired = bool(item.expires_at) and item.expires_at < now
-            if live is not None:
-                keep = bool(item.run_id) and live(item.run_id) and not force
+            # True/False when this machine knows (its run lock), None when it cannot tell
+            state = (live(item.run_id) if item.run_id else False) if live is not None else None
+            if state is not None:
+                keep = state and not force
                 why = f"run {item.run_id} is live"
             else:
                 keep = not expired and not force

@@ -11,7 +11,7 @@ import tempfile
 from pathlib import Path
 
 from lab import proc
-from lab.errors import CommandError, LabError
+from lab.errors import CommandError, LabError, TimeoutError_
 from lab.wait import wait_until
 
 
@@ -63,10 +63,14 @@ class Guest:
         """Open the master connection, retrying until sshd accepts it (bounded)."""
 
         def attempt() -> bool:
-            res = proc.run(
-                ["ssh", *self._ssh_options(), "-o", "ControlMaster=yes", "-o", "ControlPersist=600",
-                 "-f", "-N", self.target],
-                timeout=15, check=False, netns=self.netns, what="ssh master")
+            try:
+                res = proc.run(
+                    ["ssh", *self._ssh_options(), "-o", "ControlMaster=yes", "-o", "ControlPersist=600",
+                     "-f", "-N", self.target],
+                    timeout=15, check=False, netns=self.netns, what="ssh master")
+            except TimeoutError_ as exc:  # a guest still busy booting on busy cores: try again
+                self._last_error = str(exc)
+                return False
             self._last_error = res.stderr.strip()
             return res.ok
 

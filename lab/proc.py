@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import time
@@ -35,6 +36,7 @@ def run(
     timeout: float = 60.0,
     check: bool = True,
     input: str | bytes | None = None,
+    stdin: str | os.PathLike | None = None,
     env: Mapping[str, str] | None = None,
     cwd: str | os.PathLike | None = None,
     netns: str | None = None,
@@ -42,25 +44,29 @@ def run(
     text: bool = True,
 ) -> Result:
     """Run argv to completion. Raises CommandError on non-zero exit (if check) and
-    TimeoutError_ when it outlives `timeout` (the process group is killed)."""
+    TimeoutError_ when it outlives `timeout` (the process group is killed). `stdin` names a file
+    fed to the process as it reads (disk images: too large for `input`)."""
     full = netns_prefix(netns) + [str(a) for a in argv]
     merged_env = None
     if env is not None:
         merged_env = dict(os.environ)
         merged_env.update(env)
     start = time.monotonic()
+    feed = open(stdin, "rb") if stdin is not None else contextlib.nullcontext()
     try:
-        cp = subprocess.run(
-            full,
-            input=input,
-            capture_output=True,
-            timeout=timeout,
-            env=merged_env,
-            cwd=cwd,
-            text=text,
-            errors="replace" if text else None,
-            start_new_session=True,
-        )
+        with feed as fh:
+            cp = subprocess.run(
+                full,
+                input=input,
+                stdin=fh,
+                capture_output=True,
+                timeout=timeout,
+                env=merged_env,
+                cwd=cwd,
+                text=text,
+                errors="replace" if text else None,
+                start_new_session=True,
+            )
     except subprocess.TimeoutExpired as exc:
         raise TimeoutError_(f"{what or full[0]} did not finish within {timeout:g} s") from exc
     except FileNotFoundError as exc:

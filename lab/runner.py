@@ -122,6 +122,10 @@ def prepare(cfg: LabConfig) -> tuple[list[plan.Cell], dict[str, Any], dict[str, 
     for b in backends.values():
         b.check()
     imgs = {name: images.load(name) for name in sorted({c.image for c in cells})}
+    for host, image in sorted({(c.host, c.image) for c in cells}):
+        check_image = getattr(backends[host], "check_image", None)  # is the golden on that host?
+        if check_image is not None:
+            check_image(imgs[image])
     return cells, imgs, backends
 
 
@@ -280,8 +284,8 @@ def run_cell(ctx: RunContext, cell: plan.Cell, image, position: int, total: int)
         raise
     finally:
         with shielded():
-            if status == CellStatus.FAILED and vm is not None and "dir" in vm.handle:
-                cell_facts["console_tail"] = _console_tail(Path(vm.handle["dir"]) / "console.log")
+            if status == CellStatus.FAILED and vm is not None:
+                cell_facts["console_tail"] = _console_tail(backend, vm)
             ctx.reporter.stage(cell, "teardown")
             if guest is not None:
                 guest.close()
@@ -359,11 +363,18 @@ def _key_for(image) -> Path:
     return lab_key()
 
 
-def _console_tail(path: Path, lines: int = 15) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return ""
+def _console_tail(backend, vm: Vm, lines: int = 15) -> str:
+    """The end of what the guest printed on its serial console (backends that can read it)."""
+    if hasattr(backend, "console_text"):
+        text = backend.console_text(vm)
+    elif "dir" in vm.handle:
+        try:
+            text = (Path(vm.handle["dir"]) / "console.log").read_text(errors="replace")
+        except OSError:
+            text = ""
+    else:
+        text = ""
+    return "\n".join(text.splitlines()[-lines:])
 
 
 def reparse(store: Store, run_id: str) -> int:

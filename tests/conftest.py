@@ -15,6 +15,7 @@ import pytest
 import lab
 
 SHARED = lab.PROJECT_ROOT.parent / "shared"
+LIBVIRT_URI = "qemu:///system"
 LAB = [sys.executable, "-m", "lab"]
 
 
@@ -80,3 +81,54 @@ def leftovers(workdir: Path, run_id: str | None = None) -> list[str]:
     if workdir.is_dir():
         out += [f"file {p.name}" for p in workdir.iterdir() if p.name.startswith("lab-")]
     return out
+
+
+def _virsh_ok() -> bool:
+    from lab import proc
+
+    if not Path("/run/libvirt/libvirt-sock").exists():
+        return False
+    return proc.run(["virsh", "-c", LIBVIRT_URI, "version"], timeout=30, check=False).ok
+
+
+@pytest.fixture(scope="session")
+def libvirtd():
+    """A running libvirtd + virtlogd for qemu:///system; stops only what it started. Tests using
+    it share the xdist group "libvirt-qemu-system", so one worker starts and stops the daemon.
+
+    No systemd in this container, so the daemons run in the foreground as our children
+    (proc.spawn): teardown terminates and reaps them, leaving no zombie behind."""
+    import signal
+
+    from lab import proc
+    from lab.wait import wait_until
+
+    if os.geteuid() != 0:
+        pytest.skip("qemu:///system tests need root")
+    for tool in ("libvirtd", "virtlogd", "virsh", "qemu-img", "qemu-system-x86_64"):
+        if not shutil.which(tool) and not Path(f"/usr/sbin/{tool}").exists():
+            pytest.skip(f"{tool} is not installed (make setup)")
+    started = []
+    try:
+        if not _virsh_ok():
+            if not Path("/run/libvirt/virtlogd-sock").exists():
+                started.append(proc.spawn(["virtlogd"]))
+                wait_until(lambda: Path("/run/libvirt/virtlogd-sock").exists(), timeout=30,
+                           what="virtlogd socket")
+            started.insert(0, proc.spawn(["libvirtd"]))
+
+            def up() -> bool:
+                if started[0].poll() is not None:
+                    raise RuntimeError(f"libvirtd exited with status {started[0].returncode}")
+                return _virsh_ok()
+            wait_until(up, timeout=60, what="libvirtd to answer on qemu:///system", interval=0.2)
+        yield
+    finally:
+        for daemon in started:  # libvirtd first, then virtlogd
+            if daemon.poll() is None:
+                daemon.send_signal(signal.SIGTERM)
+            try:
+                daemon.wait(timeout=30)
+            except Exception:
+                daemon.kill()
+                daemon.wait(timeout=10)

@@ -20,12 +20,13 @@ import pytest
 
 from lab import proc
 from lab.backends import BACKENDS, Backend
-from lab.errors import BackendError, TeardownError, UnreachableError, UsageError
+from lab.errors import BackendError, CommandError, TeardownError, UnreachableError, UsageError
 from lab.model import CloneKind, DiskBus, ImageRef, NicModel, VmSpec
 
 libvirt = pytest.importorskip("libvirt")
 
-from lab.backends.libvirt import LibvirtBackend, mac_for, parse_arp, parse_console_address  # noqa: E402
+from lab.backends.libvirt import (LibvirtBackend, arp_entries, mac_for, parse_arp,  # noqa: E402
+                                  parse_console_address)
 
 TEST_URI = "test:///default"
 
@@ -33,15 +34,24 @@ TEST_URI = "test:///default"
 class FakeHost:
     """Records host commands (as they would go over ssh) and answers like the host would."""
 
-    def __init__(self, arp: str = ""):
+    def __init__(self, arp: str = "", answers: dict[str, tuple[int, str]] | None = None):
         self.calls: list[list[str]] = []
+        self.stdin: dict[str, str] = {}  # remote command -> the local file fed to it
         self.arp = arp
+        self.answers = answers or {}  # remote command prefix -> (exit status, stdout)
 
-    def __call__(self, argv, *, timeout=60.0, check=True, what=None, **kw) -> proc.Result:
+    def __call__(self, argv, *, timeout=60.0, check=True, what=None, stdin=None, **kw) -> proc.Result:
         argv = [str(a) for a in argv]
         self.calls.append(argv)
-        out = self.arp if argv[-1] == "arp -an" else ""
-        return proc.Result(argv, 0, out, "", 0.0)
+        if stdin is not None:
+            self.stdin[argv[-1]] = str(stdin)
+        rc, out = 0, self.arp if argv[-1] == "arp -an" else ""
+        for prefix, answer in self.answers.items():
+            if argv[-1].startswith(prefix):
+                rc, out = answer
+        if check and rc:
+            raise CommandError(argv, rc, out, "failed", what)
+        return proc.Result(argv, rc, out, "" if rc == 0 else "failed", 0.0)
 
     def remote_commands(self) -> list[str]:
         return [c[-1] for c in self.calls if c[0] == "ssh"]
@@ -104,6 +114,8 @@ def test_qemu_flavour_lifecycle(tmp_path, golden_qcow2, run_id):
     b = qemu_backend(tmp_path)
     b.check()
     assert b.lib_version >= 9_000_000
+    facts = b.facts()  # the host's shape goes into lab.hostinfo's fingerprint
+    assert facts["host_cpus"] == 16 and facts["host_topology"] == "2s/2c/2t"  # the test driver's node
     spec = spec_for(golden_qcow2, run_id, ip="10.78.9.10")
     vm = b.clone(golden_qcow2, spec)
 
@@ -274,13 +286,48 @@ def test_validate_spec_runs_before_anything_is_created(run_id):
     assert fake.calls == [] and b._lookup(f"lab-{run_id}-c1") is None
 
 
-def test_parsers():
-    mac = "52:54:00:aa:bb:cc"
-    assert parse_arp(f"10.78.1.10 dev labvbr0 lladdr {mac} REACHABLE\n", mac) == "10.78.1.10"
-    assert parse_arp(f"10.78.1.11 dev labvbr0 lladdr {mac} FAILED\n", mac) == ""
-    assert parse_arp(f"? (10.0.0.5) at {mac.upper()} on bridge0 expires in 5 seconds [bridge]", mac) == "10.0.0.5"
-    assert parse_console_address("\r\nlab-net: eth0 10.78.3.10/24 gw none\r\nLAB-READY\r\n") == "10.78.3.10"
-    assert parse_console_address("DHCPACK from 10.0.0.1\nbound to 10.0.0.77 -- renewal in 300 seconds.") == "10.0.0.77"
+DATA = Path(__file__).parent / "data" / "libvirt"
+
+
+def test_arp_on_freebsd_captures():
+    """`arp -an` as FreeBSD prints it (tests/data/README.md names the sources)."""
+    vtnet = (DATA / "published-freebsd-arp-an-vtnet0.txt").read_text()
+    assert parse_arp(vtnet, "fa:16:3e:7f:19:ef") == "140.211.10.66"
+    assert parse_arp(vtnet, "FA:16:3E:BA:3E:25") == "140.211.10.91"  # permanent entries count
+    assert parse_arp(vtnet, "52:54:00:00:00:01") == ""
+    bridge = (DATA / "published-pfsense-arp-an-bridge0.txt").read_text()
+    assert parse_arp(bridge, "f8:e4:3b:34:ba:0b") == "10.10.197.13"  # a bhyve host's bridge: [bridge]
+    assert ("10.10.197.13", "f8:e4:3b:34:ba:0b", "bridge0") in arp_entries(bridge)
+    assert all(ip != "5.2.251.1" for ip, _, _ in arp_entries(bridge))  # (incomplete) ... expired
+    pending = (DATA / "published-pfsense-2.8-arp-an-incomplete.txt").read_text()
+    assert [ip for ip, _, _ in arp_entries(pending)] == ["192.0.2.1", "192.0.2.30", "192.0.2.31"]
+    # octets without their leading zero (how some BSD builds print them) still match
+    assert parse_arp("? (10.0.0.9) at 52:54:0:a:b:c on bridge0 expires in 9 seconds [bridge]",
+                     "52:54:00:0a:0b:0c") == "10.0.0.9"
+
+
+def test_arp_on_linux_capture():
+    """`ip -4 neigh show` captured on this machine beside a running lab guest."""
+    text = (DATA / "linux-ip-neigh.txt").read_text()
+    entries = arp_entries(text)
+    assert entries and all(len(mac) == 17 for _, mac, _ in entries)
+    ip, mac, dev = next(e for e in entries if e[2].startswith("labvbr"))
+    assert parse_arp(text, mac.upper()) == ip
+    assert parse_arp("10.78.1.11 dev labvbr0 lladdr 52:54:00:aa:bb:cc FAILED\n"
+                     "10.78.1.12 dev labvbr0 INCOMPLETE\n", "52:54:00:aa:bb:cc") == ""
+
+
+def test_console_address_on_real_consoles():
+    debian = (DATA / "linux-debian12-console.log").read_text(errors="replace")
+    assert "LAB-READY" in debian
+    assert parse_console_address(debian) == "10.78.130.10"
+    assert parse_console_address(debian.split("lab-net")[0]) == ""  # LAB-READY alone names no address
+    # the same guest through libvirt's console stream (the pty, raw: CR CR LF line ends)
+    stream = (DATA / "linux-debian12-console-stream.log").read_bytes().decode()  # keep the CRs
+    assert "\r\r\nLAB-READY" in stream and parse_console_address(stream) == "10.78.130.10"
+    freebsd = (DATA / "published-freebsd-console-dhclient.log").read_text()
+    assert parse_console_address(freebsd) == "10.0.2.15"  # dhclient's "bound to" line
+    assert parse_console_address(freebsd.split("Starting dhclient.")[0]) == ""  # before DHCP: nothing
     assert parse_console_address("nothing") == ""
 
 
@@ -325,3 +372,169 @@ def test_wait_ready_fails_fast_when_the_domain_is_not_running(tmp_path, golden_q
         assert time.monotonic() - started < 5
     finally:
         b.destroy(vm)
+
+
+# --------------------------------------------------------------------------------------------
+# golden images on the host: publish_image and check_image
+
+FBSD = ImageRef(name="fbsd14", os="freebsd", path=Path("/nonexistent/fbsd14.raw"), digest="abc123")
+
+
+def bsd(fake: FakeHost, **extra) -> LibvirtBackend:
+    """A bhyve host reached over ssh; publishing needs no libvirt connection, only host commands."""
+    return LibvirtBackend("bsd1", {"uri": "bhyve+ssh://root@bsd1/system", "dataset": "zroot/lab", **extra},
+                          runner=fake)
+
+
+def test_bhyve_publish_plan_is_zvol_dd_snapshot():
+    b = bsd(FakeHost())
+    steps = b.publish_plan(FBSD, "/var/tmp/x/fbsd14.raw", 3 * (1 << 30) + 1)
+    assert [s[0][:3] for s in steps] == [["ssh"] + s[0][1:3] for s in steps]  # all over ssh
+    assert [shlex.split(s[0][-1]) for s in steps] == [
+        ["zfs", "create", "-s", "-V", "3073M", "-o", "volmode=dev", "-o", "lab:image=fbsd14",
+         "-o", "lab:digest=abc123", "zroot/lab/fbsd14"],
+        ["dd", "of=/dev/zvol/zroot/lab/fbsd14", "bs=1048576", "conv=sparse"],
+        ["zfs", "snapshot", "-o", "lab:digest=abc123", "zroot/lab/fbsd14@gold"]]
+    assert [s[1] for s in steps] == [None, "/var/tmp/x/fbsd14.raw", None]  # dd reads the raw image
+    # a golden per recipe when the format names the digest
+    b2 = bsd(FakeHost(), golden="{dataset}/golden/{image}-{digest}@gold")
+    assert shlex.split(b2.publish_plan(FBSD, "r", 1 << 20)[0][0][-1])[-1] == "zroot/lab/golden/fbsd14-abc123"
+
+
+def test_bhyve_publish_runs_the_plan_and_is_idempotent(tmp_path):
+    raw = tmp_path / "fbsd14.raw"
+    proc.run(["qemu-img", "create", "-q", "-f", "raw", str(raw), "8M"], timeout=30)
+    img = ImageRef(name="fbsd14", os="freebsd", path=raw, digest="abc123")
+    fake = FakeHost(answers={"zfs list -H -t snapshot": (1, "")})  # not there yet
+    b = bsd(fake)
+    assert b.publish_image(img) == "zfs:zroot/lab/fbsd14@gold"
+    cmds = [shlex.split(c)[:2] for c in fake.remote_commands()]
+    assert cmds == [["zfs", "list"], ["zfs", "create"], ["dd", "of=/dev/zvol/zroot/lab/fbsd14"], ["zfs", "snapshot"]]
+    assert fake.stdin == {"dd of=/dev/zvol/zroot/lab/fbsd14 bs=1048576 conv=sparse": str(raw)}  # raw: no convert
+
+    # there already with this recipe: nothing is written
+    fake = FakeHost(answers={"zfs list -H -t snapshot": (0, "zroot/lab/fbsd14@gold\tabc123\n")})
+    assert bsd(fake).publish_image(img) == "zfs:zroot/lab/fbsd14@gold"
+    assert [shlex.split(c)[:2] for c in fake.remote_commands()] == [["zfs", "list"]]
+    # another recipe under the same name: refused (clones may depend on the old snapshot)
+    fake = FakeHost(answers={"zfs list -H -t snapshot": (0, "zroot/lab/fbsd14@gold\told999\n")})
+    with pytest.raises(UsageError, match="recipe old999.*not abc123"):
+        bsd(fake).publish_image(img)
+
+
+def test_bhyve_publish_failure_destroys_the_half_made_zvol(tmp_path):
+    raw = tmp_path / "fbsd14.raw"
+    proc.run(["qemu-img", "create", "-q", "-f", "qcow2", str(raw), "8M"], timeout=30)  # converted first
+    img = ImageRef(name="fbsd14", os="freebsd", path=raw, digest="abc123")
+    fake = FakeHost(answers={"zfs list -H -t snapshot": (1, ""), "dd of=": (1, "")})
+    with pytest.raises(CommandError):
+        bsd(fake).publish_image(img)
+    assert shlex.split(fake.remote_commands()[-1]) == ["zfs", "destroy", "-r", "zroot/lab/fbsd14"]
+    fed = next(iter(fake.stdin.values()))
+    assert fed.endswith("/fbsd14.raw") and fed != str(raw)  # the qcow2 went through qemu-img convert
+    assert not Path(fed).exists()  # and the temporary raw file is gone
+
+
+def test_bhyve_check_image_before_anything_is_created():
+    missing = FakeHost(answers={"zfs list -H -t snapshot": (1, "")})
+    b = bsd(missing)
+    with pytest.raises(UsageError, match=r"zroot/lab/fbsd14@gold .* not on host 'bsd1'") as exc:
+        b.check_image(FBSD)
+    assert "lab images publish fbsd14 bsd1" in exc.value.hint
+    stale = FakeHost(answers={"zfs list -H -t snapshot": (0, "zroot/lab/fbsd14@gold\tzzz\n")})
+    with pytest.raises(UsageError, match="recipe zzz"):
+        bsd(stale).check_image(FBSD)
+    for state in ("abc123", "-"):  # this recipe, or a snapshot made by hand (no lab:digest)
+        ok = FakeHost(answers={"zfs list -H -t snapshot": (0, f"zroot/lab/fbsd14@gold\t{state}\n")})
+        bsd(ok).check_image(FBSD)
+
+
+@pytest.fixture
+def built_image(tmp_path) -> ImageRef:
+    """An images/ directory as `lab images build` leaves it (tiny stand-in files)."""
+    img_dir = tmp_path / "images"
+    (img_dir / "debian12").mkdir(parents=True)
+    for f in ("debian12.qcow2", "debian12/vmlinuz", "debian12/initrd.img"):
+        (img_dir / f).write_bytes(b"x")
+    manifest = {"name": "debian12", "recipe_digest": "d1",
+                "paths": {"disk": "debian12.qcow2", "kernel": "debian12/vmlinuz", "initrd": "debian12/initrd.img"}}
+    return ImageRef(name="debian12", os="debian", path=img_dir / "debian12.qcow2", digest="d1", manifest=manifest)
+
+
+def test_qemu_golden_root_follows_the_published_manifest(tmp_path, built_image):
+    img, manifest = built_image, built_image.manifest
+    disks = tmp_path / "disks"
+    b = LibvirtBackend("q", {"uri": "qemu:///system", "dir": str(disks)})
+    assert b.golden_root(img) is None and b.golden_source(img) == str(img.path)  # local host: in place
+
+    b = LibvirtBackend("q", {"uri": "qemu:///system", "dir": str(disks)})
+    assert b.publish_image(img) == f"file:{disks}/debian12.qcow2"
+    assert json.loads((disks / "debian12.json").read_text())["recipe_digest"] == "d1"
+    assert (disks / "debian12" / "vmlinuz").read_bytes() == b"x"
+    assert b.golden_source(img) == f"{disks}/debian12.qcow2"
+    ctx = b.domain_context(spec_for(img, "r1"))
+    assert ctx["kernel"] == f"{disks}/debian12/vmlinuz" and ctx["initrd"] == f"{disks}/debian12/initrd.img"
+
+    newer = ImageRef(name="debian12", os="debian", path=img.path, digest="d2", manifest={**manifest, "recipe_digest": "d2"})
+    with pytest.raises(UsageError, match="recipe d1, this lab's is d2") as exc:
+        LibvirtBackend("q", {"uri": "qemu:///system", "dir": str(disks)}).check_image(newer)
+    assert exc.value.hint == "lab images publish debian12 q"
+    # a remote host has no "in place": the image must be published there
+    r = LibvirtBackend("r", {"uri": "qemu+ssh://root@kvm1/system", "dir": "/srv/lab"},
+                       runner=FakeHost(answers={"cat /srv/lab/debian12.json": (1, "")}))
+    with pytest.raises(UsageError, match="not on host 'r'"):
+        r.check_image(img)
+
+
+def test_qemu_publish_to_a_remote_host_streams_over_ssh(built_image):
+    img, img_dir = built_image, built_image.path.parent
+    fake = FakeHost(answers={"cat /srv/lab/debian12.json": (1, "")})
+    b = LibvirtBackend("r", {"uri": "qemu+ssh://root@kvm1/system", "images_dir": "/srv/lab"}, runner=fake)
+    assert b.publish_image(img) == "file:/srv/lab/debian12.qcow2"
+    cmds = fake.remote_commands()
+    assert cmds[1] == "mkdir -p /srv/lab /srv/lab/debian12"
+    assert fake.stdin == {"dd of=/srv/lab/debian12.qcow2.part bs=1048576 conv=sparse": str(img.path),
+                          "dd of=/srv/lab/debian12/vmlinuz.part bs=1048576 conv=sparse": str(img_dir / "debian12/vmlinuz"),
+                          "dd of=/srv/lab/debian12/initrd.img.part bs=1048576 conv=sparse":
+                              str(img_dir / "debian12/initrd.img")}
+    assert "mv -f /srv/lab/debian12.qcow2.part /srv/lab/debian12.qcow2" in cmds
+    assert cmds[-1] == "cat > /srv/lab/debian12.json"  # the manifest last: its presence = complete
+
+
+# --------------------------------------------------------------------------------------------
+# run liveness for `lab gc`: a run lock on the orchestrating machine
+
+def test_run_lock_tells_live_dead_and_unknown_runs(tmp_path, monkeypatch, run_id):
+    from lab import gc as gc_mod
+    from lab.backends import libvirt as lv
+    from lab.config import parse
+
+    monkeypatch.setattr(lv, "RUN_LOCK_DIR", tmp_path)
+    b = qemu_backend(tmp_path)
+    assert b.run_is_live(run_id) is None  # never ran here: only its lease expiry can retire it
+    b.open_run(run_id)
+    lock = tmp_path / f"libvirt-t@{run_id}.lock"
+    assert lock.exists() and b.run_is_live(run_id) is True
+    assert [(o.kind, o.run_id) for o in b.list_owned() if o.kind == "lock"] == [("lock", run_id)]
+    b.close_run(run_id)
+    assert not lock.exists() and b.run_is_live(run_id) is None
+
+    # a run killed with -9 leaves its lock file, unlocked: dead, so gc removes what it left
+    lock.write_text("12345")
+    assert b.run_is_live(run_id) is False
+    cfg = parse({"hosts": {"t": {"backend": "libvirt", "uri": TEST_URI, "flavour": "qemu",
+                                 "dir": str(tmp_path / "disks")}}, "matrix": {"host": ["t"]}})
+    golden = tmp_path / "g.qcow2"
+    proc.run(["qemu-img", "create", "-q", "-f", "qcow2", str(golden), "16M"], timeout=30)
+    img = ImageRef(name="golden", os="debian", path=golden, digest="d0")
+    vm = b.clone(img, spec_for(img, run_id, expires_at=time.time() + 3600))  # lease not expired
+    report = gc_mod.collect(cfg, hosts=["t"], backends={"t": b})
+    assert f"removed t vm {vm.name}" in report.lines and f"removed t lock {lock.name}" in report.lines
+    assert b._lookup(vm.name) is None and not lock.exists()
+
+    # a run of another machine (no lock here) whose lease has not expired is kept
+    vm = b.clone(img, spec_for(img, run_id + "x", expires_at=time.time() + 3600))
+    report = gc_mod.collect(cfg, hosts=["t"], backends={"t": b})
+    assert any(line.startswith(f"keep   t vm {vm.name}") for line in report.lines)
+    report = gc_mod.collect(cfg, hosts=["t"], backends={"t": b}, force=True)
+    assert f"removed t vm {vm.name}" in report.lines

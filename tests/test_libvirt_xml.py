@@ -451,8 +451,8 @@ def test_libvirt_parses_the_bhyve_xml(firmware, nic, bus, vcpus):
 # bhyve command line: a small model of the driver's command builder, for the features lab uses,
 # checked first against the driver's own xml -> args pairs, then applied to lab's XML
 
-MODEL_PAIRS = ["base", "net-e1000", "macaddr", "disk-virtio", "uefi", "cputopology", "serial", "console",
-               "acpiapic", "localtime", "wired"]
+MODEL_PAIRS = ["base", "net-e1000", "macaddr", "disk-virtio", "addr-multiple-virtio-disks", "uefi", "cputopology",
+               "serial", "console", "acpiapic", "localtime", "wired"]
 TEST_MOCK_MAC = "52:54:00:00:00:00"  # the driver test mock's "random" MAC
 
 

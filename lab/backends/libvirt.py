@@ -29,9 +29,12 @@ Settings (``[hosts.NAME]`` with ``backend = "libvirt"``; a value of None means "
 ``dir``            QEMU: directory on the host for clone disks and console logs
                    (alias ``pool_dir``; default ``/var/lib/libvirt/images/lab``).
 ``pool``           QEMU: a libvirt storage pool whose target path is used instead of ``dir``
-                   (refreshed after clone/remove).
-``images_dir``     QEMU on a remote host: where the golden images live there (default: the local
-                   path of the image, i.e. the host is this machine).
+                   (refreshed after clone/remove/publish).
+``images_dir``     QEMU: where golden images live on the host, in the images/ layout (NAME.qcow2,
+                   NAME/vmlinuz, NAME/initrd.img, NAME.json). Default: ``dir`` (the pool's path).
+                   A golden found there whose manifest names another recipe digest is refused;
+                   none there means, on a local host, the image is used where `lab images build`
+                   left it, and on a remote host an error asking for `lab images publish`.
 ``disk_format``    QEMU: ``qcow2`` (default) or ``raw`` (only with full clones); bhyve: ``raw`` only.
 ``bridge``         host bridge the NIC joins (bhyve default ``bridge0``). With neither ``bridge``
                    nor ``network`` a QEMU NIC uses user networking (``<interface type='user'>``).
@@ -61,9 +64,25 @@ Settings (``[hosts.NAME]`` with ``backend = "libvirt"``; a value of None means "
 ``ssh_port``       guest SSH port probed by ``wait_ready`` (default 22).
 ``boot_timeout``   seconds ``wait_ready`` waits when the caller gives no timeout (default 300).
 
-Capabilities are checked before anything is created: ``validate_spec()`` (plan time, no
-connection needed) rejects a NIC model, disk bus, disk format or feature the driver cannot use
-with a UsageError naming the value; ``check()`` adds the host's libvirt version to that check.
+Capabilities are checked before anything is created: ``plan_check()`` (`lab plan`, no
+connection needed) rejects a NIC model, disk bus, disk format, setting or feature the driver
+cannot use with a SettingError naming the lab.toml key and value; ``check()`` adds the host's
+libvirt version, ``check_image()`` that the golden image is on the host and is this recipe.
+
+Publishing (``publish_image``, for `lab images publish OS HOST`): on bhyve a sparse zvol
+``DATASET/IMAGE`` (``volmode=dev``, ``lab:digest``) filled with the raw image by ``dd`` over SSH,
+and the snapshot clones are made from; on QEMU the images/ layout copied to ``images_dir``.
+
+Addresses, in order (``address()``): the static address lab gave the guest; libvirt's DHCP
+leases (``interfaceAddresses(LEASE)`` where the driver has it, bhyve >= 12.3; the libvirt
+network's ``DHCPLeases()`` on any version); libvirt's ARP source (QEMU hosts); the host's
+neighbour table by MAC (``arp -an`` on FreeBSD, ``ip neigh`` on Linux, over SSH for remote
+hosts); the serial console last (the QEMU console log, else the console stream: bhyve's nmdm
+keeps no log, so ``start()`` opens ``virDomainOpenConsole`` and reads it while the guest boots).
+
+`lab gc`: ``open_run`` holds a lock file on the orchestrating machine for the run's life, so
+``run_is_live`` tells a live run from one killed with -9 (whose domains libvirtd keeps running);
+runs of other machines are retired by their lease expiry.
 """
 
 from __future__ import annotations
@@ -73,6 +92,7 @@ import json
 import re
 import shlex
 import socket
+import threading
 import time
 import uuid as uuidlib
 from dataclasses import dataclass, field, replace
@@ -83,11 +103,12 @@ from urllib.parse import parse_qs, urlsplit
 from xml.etree import ElementTree as ET
 
 import lab
-from lab import proc
+from lab import proc, runlock
 from lab.backends import register
 from lab.errors import (AuthError, BackendError, CommandError, LabError, SettingError, TeardownError,
                         UnreachableError, UsageError)
 from lab.model import CloneKind, DiskBus, ImageRef, NicModel, Owned, Vm, VmSpec
+from lab.runlock import RunLock
 from lab.wait import wait_until
 
 LEASE_NS = "https://lab.invalid/lease"
@@ -97,6 +118,7 @@ DEFAULT_QEMU_DIR = "/var/lib/libvirt/images/lab"
 DEFAULT_CMDLINE = "console=ttyS0 root=LABEL=labroot rw net.ifnames=0"
 TEMPLATE_DIR = lab.TEMPLATES_DIR / "libvirt"
 FAILED_MARK = "LAB-FAILED"
+RUN_LOCK_DIR = Path("/var/tmp/lab")  # on the orchestrating machine, as the local backend's workdir
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 _SSH_OPTS = ["-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "-o", "ServerAliveInterval=10"]
 
@@ -217,6 +239,74 @@ def _msg(exc: Exception) -> str:
 
 # --------------------------------------------------------------------------------------------
 
+class ConsoleTap:
+    """The guest's first serial port through libvirt's console stream (virDomainOpenConsole): on
+    bhyve the nmdm slave (opened raw by libvirtd, so nothing is echoed back into the guest), on
+    QEMU the pty. It is the one console reader that works on every driver and over any URI
+    (bhyve+ssh included): nmdm keeps no log, so what the guest prints must be read while it prints.
+
+    A daemon thread blocks in stream.recv() (libvirt-python releases the GIL; a blocking stream
+    needs no event loop) and appends to a bounded buffer. The stream has a connection of its own:
+    a recv blocked on a shared connection would hold every other call on it (seen on 9.0)."""
+
+    LIMIT = 1 << 20  # keep the last MiB: boot logs are small, a chatty guest must not grow us
+
+    def __init__(self, uri: str, name: str):
+        libvirt = _libvirt()
+        self._libvirt_error = libvirt.libvirtError
+        self._buf = bytearray()
+        self._lock = threading.Lock()
+        self.error = ""
+        self._conn = libvirt.open(uri)
+        try:
+            self._stream = self._conn.newStream(0)
+            # bhyve accepts no flags (virCheckFlags(0) in bhyveDomainOpenConsole)
+            self._conn.lookupByName(name).openConsole(None, self._stream, 0)
+        except libvirt.libvirtError:
+            self._conn.close()
+            raise
+        self._thread = threading.Thread(target=self._read, name=f"console-{name}", daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        while True:
+            try:
+                data = self._stream.recv(4096)
+            except self._libvirt_error as exc:  # domain gone, stream aborted
+                self.error = _msg(exc)
+                return
+            if not isinstance(data, bytes) or not data:
+                return  # EOF
+            with self._lock:
+                self._buf += data
+                if len(self._buf) > self.LIMIT:
+                    del self._buf[:len(self._buf) - self.LIMIT]
+
+    def text(self) -> str:
+        with self._lock:
+            return self._buf.decode(errors="replace")
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Abort the stream (this unblocks the reader), then drop the connection. Idempotent."""
+        if self._conn is None:
+            return
+        if self._thread.is_alive():
+            try:
+                self._stream.abort()
+            except self._libvirt_error:
+                pass
+        self._thread.join(timeout)
+        try:
+            self._conn.close()
+        except self._libvirt_error:
+            pass
+        self._conn = None
+
+
 @dataclass
 class LibvirtClient:
     address: str
@@ -292,6 +382,8 @@ class LibvirtBackend:
                 raise bad("subnet", s["subnet"], "not a network like 10.78.5.0/24") from None
         self.prefix = int(s.get("prefix", self.subnet.prefixlen if self.subnet else 24))
         self._dir: str | None = None
+        self._run_locks: dict[str, RunLock] = {}
+        self._golden_roots: dict[str, str | None] = {}  # image name -> host dir (None: in place)
 
     # ---------------------------------------------------------------- host commands
 
@@ -485,11 +577,27 @@ class LibvirtBackend:
         else:
             self._host(["qemu-img", "--version"], what="qemu-img", timeout=30)
 
+    def _run_lock_path(self, run_id: str) -> Path:
+        host = re.sub(r"[^A-Za-z0-9_.-]", "_", self.host_name)  # no "@": it separates the run id
+        return RUN_LOCK_DIR / f"libvirt-{host}@{run_id}.lock"
+
     def open_run(self, run_id: str) -> LibvirtClient:
+        # Held for the run's life on the orchestrating machine: `lab gc` here tells a live run
+        # from one killed with -9 (whose domains keep running under libvirtd).
+        lock = RunLock(self._run_lock_path(run_id))
+        lock.acquire(what=f"the lock of run {run_id} on host {self.host_name!r}")
+        self._run_locks[run_id] = lock
         return LibvirtClient(address=str(self.settings.get("client_address", self.settings.get("gateway", ""))))
 
     def close_run(self, run_id: str) -> None:
-        return None
+        lock = self._run_locks.pop(run_id, None)
+        if lock is not None:
+            lock.release()
+
+    def run_is_live(self, run_id: str) -> bool | None:
+        """True/False for runs orchestrated from this machine (their lock here is held or not);
+        None for runs of other machines, which only their lease expiry retires."""
+        return runlock.held(self._run_lock_path(run_id))
 
     def facts(self) -> dict[str, object]:
         f: dict[str, object] = {"backend": "libvirt", "libvirt_driver": self.driver,
@@ -500,9 +608,13 @@ class LibvirtBackend:
             conn = self.conn
             f["libvirt_version"] = _vs(conn.getLibVersion())
             f["hypervisor_version"] = _vs(conn.getVersion())
-        except LabError:
-            pass
-        except Exception:
+            # the host a result depends on (lab.hostinfo fingerprints these with the run)
+            # (not the MHz getInfo() also reports: it moves with frequency scaling)
+            arch, mem_mib, cpus, _mhz, _nodes, sockets, cores, threads = conn.getInfo()[:8]
+            f.update(host_arch=arch, host_mem_mib=mem_mib, host_cpus=cpus,
+                     host_topology=f"{sockets}s/{cores}c/{threads}t",
+                     host_cpu_model=ET.fromstring(conn.getCapabilities()).findtext("host/cpu/model") or "")
+        except Exception:  # facts are informative; an unreachable host fails check(), not this
             pass
         return f
 
@@ -535,13 +647,183 @@ class LibvirtBackend:
                 pass
 
     def golden_source(self, image: ImageRef) -> str:
+        """bhyve: the golden snapshot clones are made from; QEMU: the golden qcow2 on the host."""
         if self.driver == "bhyve":
             fmt = self.settings.get("golden", "{dataset}/{image}@gold")
             return fmt.format(dataset=self.dataset, image=image.name, digest=image.digest)
         path = Path(image.path)
-        if self.settings.get("images_dir"):
-            return f"{str(self.settings['images_dir']).rstrip('/')}/{path.name}"
-        return str(path.resolve())
+        root = self.golden_root(image)
+        return f"{root}/{path.name}" if root else str(path.resolve())
+
+    # -- golden images on the host (`lab images publish`) ---------------------------------------
+
+    def publish_dir(self) -> str:
+        """QEMU: where `publish_image` puts goldens on the host: images_dir, else the clone
+        directory (the pool's target path when `pool` is set)."""
+        return str(self.settings.get("images_dir") or self.qemu_dir()).rstrip("/")
+
+    def _host_read(self, path: str) -> str | None:
+        """A small file on the host (None if it is not there)."""
+        if not self.remote:
+            try:
+                return Path(path).read_text()
+            except OSError:
+                return None
+        res = self._host(["cat", path], what="read file", check=False, timeout=30)
+        return res.stdout if res.ok else None
+
+    def golden_root(self, image: ImageRef) -> str | None:
+        """QEMU: the host directory holding `image` in the images/ layout (NAME.qcow2, NAME/vmlinuz,
+        NAME/initrd.img, NAME.json), or None when the host is this machine and the image is used
+        where `lab images build` left it. A published copy whose manifest names another recipe
+        digest is stale and refused: a run must measure the image it records."""
+        if image.name in self._golden_roots:
+            return self._golden_roots[image.name]
+        explicit = self.settings.get("images_dir")
+        root = self.publish_dir()
+        text = self._host_read(f"{root}/{image.name}.json")
+        found: str | None = None
+        if text is not None:
+            digest = _manifest_digest(text)
+            if image.digest and digest != image.digest:
+                raise UsageError(f"image {image.name!r} on host {self.host_name!r} ({root}) is recipe "
+                                 f"{str(digest)[:12] or 'unknown'}, this lab's is {image.digest[:12]}",
+                                 hint=f"lab images publish {image.name} {self.host_name}")
+            found = root
+        elif explicit:
+            found = root  # a directory the user fills by hand: trusted as it is
+        elif self.remote:
+            raise UsageError(f"image {image.name!r} is not on host {self.host_name!r} (no {root}/{image.name}.json)",
+                             hint=f"lab images publish {image.name} {self.host_name}")
+        self._golden_roots[image.name] = found
+        return found
+
+    def _golden_snapshot_state(self, snap: str) -> str | None:
+        """bhyve: the lab:digest property of the golden snapshot ("-" when unset), None if absent."""
+        res = self._host(["zfs", "list", "-H", "-t", "snapshot", "-o", "name,lab:digest", snap],
+                         what="zfs list", check=False, timeout=60)
+        if not res.ok:
+            return None
+        parts = res.stdout.strip().split("\t")
+        return parts[1] if len(parts) == 2 else "-"
+
+    def check_image(self, image: ImageRef) -> None:
+        """Before anything is created: the golden image is on the host and is this recipe.
+        UsageError (exit 2) naming what to publish otherwise."""
+        if self.scheme == "test":
+            return
+        if self.driver == "qemu":
+            self.golden_root(image)
+            return
+        snap = self.golden_source(image)
+        state = self._golden_snapshot_state(snap)
+        if state is None:
+            raise UsageError(f"golden snapshot {snap} of image {image.name!r} is not on host {self.host_name!r}",
+                             hint=f"lab images publish {image.name} {self.host_name}")
+        if state not in ("-", "") and image.digest and state != image.digest:
+            raise UsageError(f"golden snapshot {snap} on host {self.host_name!r} is recipe {state[:12]}, "
+                             f"this lab's is {image.digest[:12]}",
+                             hint=f"put {{digest}} in hosts.{self.host_name}.golden, then lab images publish")
+
+    def publish_plan(self, image: ImageRef, raw: str, size: int) -> list[tuple[list[str], str | None]]:
+        """bhyve: the host commands that make `image` a golden zvol and its snapshot (pure: tests
+        check them). `raw` is the image as a raw file on this machine, `size` its size in bytes.
+        Each step is (argv, file fed on stdin or None)."""
+        snap = self.golden_source(image)
+        zvol, _, snapname = snap.partition("@")
+        mib = -(-size // (1 << 20))  # a whole number of MiB: any volblocksize divides it
+        props = ["-o", "volmode=dev", "-o", f"lab:image={image.name}", "-o", f"lab:digest={image.digest}"]
+        return [
+            (self.host_argv(["zfs", "create", "-s", "-V", f"{mib}M", *props, zvol]), None),
+            # conv=sparse: zero blocks are skipped, the zvol stays thin (GNU and FreeBSD dd)
+            (self.host_argv(["dd", f"of=/dev/zvol/{zvol}", "bs=1048576", "conv=sparse"]), raw),
+            (self.host_argv(["zfs", "snapshot", "-o", f"lab:digest={image.digest}", f"{zvol}@{snapname}"]), None),
+        ]
+
+    def publish_image(self, image: ImageRef) -> str:
+        """Put `image` on the host so clones can be made of it; returns where it went
+        ("zfs:POOL/DS/NAME@gold" or "file:/DIR/NAME.qcow2"). Idempotent for the same recipe."""
+        if self.scheme == "test":
+            raise UsageError(f"host {self.host_name!r} is a test:/// URI: nothing to publish to")
+        if self.driver == "bhyve":
+            return self._publish_zvol(image)
+        return self._publish_files(image)
+
+    def _publish_zvol(self, image: ImageRef) -> str:
+        import tempfile  # noqa: PLC0415
+
+        snap = self.golden_source(image)
+        zvol = snap.partition("@")[0]
+        state = self._golden_snapshot_state(snap)
+        if state is not None:
+            if state in ("-", "") or not image.digest or state == image.digest:
+                return f"zfs:{snap}"  # there already (or made by hand): nothing to do
+            raise UsageError(f"golden snapshot {snap} on host {self.host_name!r} is recipe {state[:12]}, "
+                             f"not {image.digest[:12]}; clones may still depend on it",
+                             hint=f"put {{digest}} in hosts.{self.host_name}.golden (a zvol per recipe), "
+                                  "or `zfs destroy -r` the old one when no clone is left")
+        info = json.loads(proc.run(["qemu-img", "info", "--output=json", str(image.path)], timeout=60,
+                                   what="qemu-img info").stdout)
+        with tempfile.TemporaryDirectory(prefix="lab-publish-", dir="/var/tmp") as tmp:
+            raw = str(image.path)
+            if info.get("format") != "raw":  # bhyve reads raw only
+                raw = f"{tmp}/{image.name}.raw"
+                proc.run(["qemu-img", "convert", "-q", "-O", "raw", str(image.path), raw], timeout=1800,
+                         what="qemu-img convert to raw")
+            steps = self.publish_plan(image, raw, int(info["virtual-size"]))
+            try:
+                for argv, feed in steps:
+                    self._run(argv, timeout=3600, what="publish to zfs", stdin=feed)
+            except BaseException:
+                self._run(self.host_argv(["zfs", "destroy", "-r", zvol]), timeout=600, check=False,
+                          what="zfs destroy (failed publish)")
+                raise
+        return f"zfs:{snap}"
+
+    def _publish_files(self, image: ImageRef) -> str:
+        """QEMU: the image in the images/ layout under publish_dir(); the manifest goes last, so
+        its presence means the copy is complete."""
+        root = self.publish_dir()
+        src = Path(image.path)
+        dst = f"{root}/{src.name}"
+        manifest = f"{root}/{image.name}.json"
+        text = self._host_read(manifest)
+        if text is not None:
+            if image.digest and _manifest_digest(text) == image.digest:
+                self._golden_roots.pop(image.name, None)
+                return f"file:{dst}"
+            # overlays name their golden by path: replacing it under a live clone corrupts it
+            busy = [o.name for o in self.list_owned() if o.kind == "vm"]
+            if busy:
+                raise UsageError(f"{dst} on host {self.host_name!r} is another recipe and lab domains exist "
+                                 f"there ({', '.join(busy[:3])}); their overlays may use it",
+                                 hint="let the runs finish (or `lab gc`), then publish again")
+        files = [(src, dst)]
+        for rel in ("kernel", "initrd"):
+            p = (image.manifest.get("paths") or {}).get(rel) if isinstance(image.manifest.get("paths"), dict) else None
+            if p:
+                files.append((src.parent / p, f"{root}/{p}"))
+        dirs = sorted({d.rsplit("/", 1)[0] for _, d in files})
+        self._host(["mkdir", "-p", *dirs], what="mkdir")
+        for local, remote in files:
+            tmp = f"{remote}.part"
+            if self.remote:
+                self._run(self.host_argv(["dd", f"of={tmp}", "bs=1048576", "conv=sparse"]), timeout=3600,
+                          what=f"copy {local.name} to the host", stdin=str(local))
+            else:
+                proc.run(["cp", "--sparse=always", str(local), tmp], timeout=3600, what=f"copy {local.name}")
+            self._host(["mv", "-f", tmp, remote], what="mv")
+        body = json.dumps(image.manifest or {"name": image.name, "recipe_digest": image.digest},
+                          indent=2, sort_keys=True)
+        if self.remote:
+            self._run(self.host_shell_argv(f"cat > {shlex.quote(manifest)}"), input=body, timeout=60,
+                      what="write manifest")
+        else:
+            Path(manifest).write_text(body)
+        self._refresh_pool()
+        self._golden_roots.pop(image.name, None)
+        return f"file:{dst}"
+
 
     def disk_for(self, spec: VmSpec) -> tuple[str, str]:
         """(disk reference for the lease, path the domain uses)."""
@@ -639,8 +921,8 @@ class LibvirtBackend:
             kernel_p = base / kernel_p
         if initrd_p is not None and not initrd_p.is_absolute():
             initrd_p = base / initrd_p
-        if self.settings.get("images_dir"):  # remote host: same layout under images_dir
-            root = str(self.settings["images_dir"]).rstrip("/")
+        root = self.golden_root(image)
+        if root:  # a published copy on the host: the same layout under its directory
             kernel_s = f"{root}/{kernel_p.relative_to(base)}"
             initrd_s = f"{root}/{initrd_p.relative_to(base)}" if initrd_p else ""
         else:
@@ -804,6 +1086,11 @@ class LibvirtBackend:
         except libvirt.libvirtError as exc:
             raise BackendError(f"starting {vm.name!r} failed: {_msg(exc)}") from None
         vm.facts["started_at"] = time.time()
+        if self.scheme != "test":  # the test driver has no consoles
+            try:
+                vm.handle["console_tap"] = ConsoleTap(self.uri, vm.name)
+            except libvirt.libvirtError as exc:  # the console is the last resort, not a must
+                vm.facts["console_stream"] = f"unavailable: {_msg(exc)}"
 
     # -- IP discovery -----------------------------------------------------------------------
 
@@ -882,17 +1169,21 @@ class LibvirtBackend:
         return parse_arp(res.stdout, self._mac(vm)) if res.ok else ""
 
     def console_text(self, vm: Vm) -> str:
-        """What the guest wrote on its serial console so far ("" if unreadable from here)."""
+        """What the guest wrote on its serial console so far ("" if unreadable from here): QEMU's
+        console log (virtlogd writes it from the first byte), else the console stream."""
         path = vm.handle.get("console", "")
-        if self.driver != "qemu" or not path:
-            return ""  # bhyve: nmdm is a live tty, not a log; read it with `cu -l` on the host
-        if not self.remote:
-            try:
-                return Path(path).read_text(errors="replace")
-            except OSError:
-                return ""
-        res = self._run(self.host_argv(["cat", path]), timeout=30, check=False, what="console log")
-        return res.stdout if res.ok else ""
+        if self.driver == "qemu" and path:
+            if not self.remote:
+                try:
+                    return Path(path).read_text(errors="replace")
+                except OSError:
+                    pass
+            else:
+                res = self._run(self.host_argv(["cat", path]), timeout=30, check=False, what="console log")
+                if res.ok:
+                    return res.stdout
+        tap = vm.handle.get("console_tap")
+        return tap.text() if tap is not None else ""  # bhyve: nmdm keeps no log
 
     def _addr_console(self, vm: Vm) -> str:
         return parse_console_address(self.console_text(vm))
@@ -904,7 +1195,6 @@ class LibvirtBackend:
         if timeout is None:
             timeout = float(self.settings.get("boot_timeout", 300))
         port = int(self.settings.get("ssh_port", 22))
-        has_console = self.driver == "qemu"
         # the image's own readiness line (manifest `ready_marker`); without one, probe SSH directly
         marker = str((vm.spec.image.manifest or {}).get("ready_marker") or "")
         state = {"last": "nothing yet"}
@@ -918,10 +1208,11 @@ class LibvirtBackend:
             if not active:
                 raise BackendError(f"{vm.name} is not running any more (while waiting for SSH)",
                                    hint=_tail(self.console_text(vm)))
-            text = self.console_text(vm) if has_console else ""
+            text = self.console_text(vm)
             if FAILED_MARK in text:
                 raise BackendError(f"{vm.name} reported {FAILED_MARK} on its console", hint=_tail(text))
-            if marker and has_console and marker not in text and self._console_readable(vm):
+            # only a log read from the first byte proves the marker has not been printed yet
+            if marker and marker not in text and self._console_readable(vm):
                 state["last"] = f"no {marker} on the serial console yet"
                 return None
             addr = self.address(vm)
@@ -942,7 +1233,7 @@ class LibvirtBackend:
 
     def _console_readable(self, vm: Vm) -> bool:
         path = vm.handle.get("console", "")
-        return bool(path) and not self.remote and Path(path).exists()
+        return self.driver == "qemu" and bool(path) and not self.remote and Path(path).exists()
 
     # -- teardown -----------------------------------------------------------------------------
 
@@ -996,6 +1287,9 @@ class LibvirtBackend:
             problems.append(f"domain: {_msg(exc)}")
         if not problems and self._lookup(vm.name) is not None:
             problems.append("domain still defined after undefine")
+        tap = vm.handle.pop("console_tap", None)
+        if tap is not None:  # the domain is gone: its console stream has ended
+            tap.close()
         if not problems:  # never pull a disk from under a domain that is still there
             try:
                 self._remove_disk(vm.handle.get("disk", ""))
@@ -1049,6 +1343,11 @@ class LibvirtBackend:
                              detail=json.dumps({k: lease.get(k, "") for k in ("disk", "console", "host", "cell")},
                                                sort_keys=True)))
         out += [o for o in self._orphan_disks() if o.detail not in referenced]
+        # run locks on this machine: a run killed with -9 leaves its file behind
+        prefix = self._run_lock_path("").name.removesuffix(".lock")
+        for lock in sorted(RUN_LOCK_DIR.glob(f"{prefix}*.lock")):
+            out.append(Owned(backend=self.name, kind="lock", name=lock.name,
+                             run_id=lock.name[len(prefix):-len(".lock")], detail=str(lock)))
         return out
 
     def _orphan_disks(self, min_age: float = 600.0) -> list[Owned]:
@@ -1086,6 +1385,10 @@ class LibvirtBackend:
         if item.kind == "disk":
             self._remove_disk(item.detail)
             return
+        if item.kind == "lock":
+            if runlock.held(Path(item.detail)) is False:  # never the lock of a live run
+                Path(item.detail).unlink(missing_ok=True)
+            return
         if item.kind != "vm":
             raise UsageError(f"libvirt backend does not own {item.kind!r} items")
         dom = self._lookup(item.name)
@@ -1118,17 +1421,54 @@ def _tail(text: str, lines: int = 5) -> str | None:
     return ("console: " + " | ".join(tail)) if tail else None
 
 
-def parse_arp(text: str, mac: str) -> str:
-    """IPv4 address for `mac` from `arp -an` (FreeBSD) or `ip neigh show` (Linux) output."""
-    mac = mac.lower()
+def _manifest_digest(text: str) -> str:
+    """The recipe digest an image manifest (images/NAME.json) records."""
+    try:
+        m = json.loads(text)
+    except ValueError:
+        return ""
+    return str(m.get("recipe_digest") or m.get("digest") or "") if isinstance(m, dict) else ""
+
+
+# FreeBSD arp(8), usr.sbin/arp/arp.c print_entry():
+#   "? (IP) at MAC on IFACE [permanent | expires in N seconds | expired] [published] [TYPE]"
+#   with "(incomplete)" in place of MAC while resolution is pending
+_BSD_ARP = re.compile(r"^\S+ \((?P<ip>\d+\.\d+\.\d+\.\d+)\) at (?P<mac>[0-9A-Fa-f:]+|\(incomplete\))"
+                      r" on (?P<dev>\S+)(?P<rest>.*)$")
+# Linux `ip -4 neigh show`: "IP dev IFACE lladdr MAC [router] STATE" ("IP dev IFACE FAILED" without one)
+_LINUX_NEIGH = re.compile(r"^(?P<ip>\d+\.\d+\.\d+\.\d+) dev (?P<dev>\S+)(?: lladdr (?P<mac>[0-9A-Fa-f:]+))?"
+                          r"(?P<rest>.*)$")
+
+
+def _norm_mac(mac: str) -> str:
+    """aa:b:c.. -> 0a:0b:0c..: some BSDs print octets without their leading zero."""
+    parts = mac.lower().split(":")
+    return ":".join(p.zfill(2) for p in parts) if len(parts) == 6 else mac.lower()
+
+
+def arp_entries(text: str) -> list[tuple[str, str, str]]:
+    """(ip, mac, interface) of every resolved IPv4 entry in `arp -an` (FreeBSD) or
+    `ip -4 neigh show` (Linux) output; incomplete, failed and expired entries are left out."""
+    out = []
     for line in text.splitlines():
-        low = line.lower()
-        if mac not in low or "incomplete" in low or "failed" in low:
-            continue
-        m = re.search(r"\((\d+\.\d+\.\d+\.\d+)\)", line) or re.match(r"\s*(\d+\.\d+\.\d+\.\d+)\s", line)
+        line = line.strip()
+        m = _BSD_ARP.match(line)
         if m:
-            return m.group(1)
-    return ""
+            if m["mac"] == "(incomplete)" or " expired" in m["rest"]:
+                continue
+            out.append((m["ip"], _norm_mac(m["mac"]), m["dev"]))
+            continue
+        m = _LINUX_NEIGH.match(line)
+        if m and m["mac"] and not re.search(r"\b(FAILED|INCOMPLETE)\b", m["rest"]):
+            out.append((m["ip"], _norm_mac(m["mac"]), m["dev"]))
+    return out
+
+
+def parse_arp(text: str, mac: str) -> str:
+    """IPv4 address the host's neighbour table holds for `mac` ("" if none)."""
+    want = _norm_mac(mac)
+    hits = [ip for ip, m, _ in arp_entries(text) if m == want]
+    return hits[-1] if hits else ""
 
 
 def parse_console_address(text: str) -> str:

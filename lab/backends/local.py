@@ -14,7 +14,6 @@ with every sample.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import platform
@@ -26,11 +25,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from lab import IMAGES_DIR, proc
+from lab import IMAGES_DIR, proc, runlock
 from lab.backends import register
 from lab.config import backend_nic_models
 from lab.errors import BackendError, LabError, TeardownError, UsageError
 from lab.model import Accel, CloneKind, DiskBus, ImageRef, NicModel, Owned, Vm, VmSpec
+from lab.runlock import RunLock
 from lab.wait import wait_until
 
 QEMU = "qemu-system-x86_64"
@@ -145,23 +145,9 @@ class LocalBackend:
         ns = netns_name(run_id)
         self.workdir.mkdir(parents=True, exist_ok=True)
         # Held for the run's life: `lab gc` leaves alone what a live run owns.
-        self._run_lock = open(self.workdir / f"{ns}.lock", "w")
-
-        def locked() -> bool:
-            try:
-                fcntl.flock(self._run_lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return True
-            except BlockingIOError:  # a `lab gc` may be testing the lock for a moment
-                return False
-
-        try:
-            wait_until(locked, timeout=10, what=f"the lock of run {run_id} (is another `lab run --resume` on it?)")
-        except LabError:
-            self._run_lock.close()
-            self._run_lock = None
-            raise
-        self._run_lock.write(str(os.getpid()))
-        self._run_lock.flush()
+        lock = RunLock(self.workdir / f"{ns}.lock")
+        lock.acquire(what=f"the lock of run {run_id} (is another `lab run --resume` on it?)")
+        self._run_lock = lock
         gw = f"{self.subnet}.1"
         try:
             proc.run(["ip", "netns", "add", ns], what="ip netns add")
@@ -181,7 +167,7 @@ class LocalBackend:
             remove_netns(ns)
         finally:
             if self._run_lock is not None:
-                self._run_lock.close()
+                self._run_lock.release()
                 self._run_lock = None
             (self.workdir / f"{ns}.lock").unlink(missing_ok=True)
 
@@ -317,16 +303,7 @@ class LocalBackend:
 
     def run_is_live(self, run_id: str) -> bool:
         """True while a `lab run` process holds the run's lock."""
-        lock = self.workdir / f"{netns_name(run_id)}.lock"
-        if not lock.exists():
-            return False
-        with open(lock) as fh:
-            try:
-                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                return True
-            fcntl.flock(fh, fcntl.LOCK_UN)
-        return False
+        return bool(runlock.held(self.workdir / f"{netns_name(run_id)}.lock"))
 
     def remove_owned(self, item: Owned) -> None:
         if item.kind == "vm":
