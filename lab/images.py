@@ -68,9 +68,11 @@ class Recipe:
     scripts: tuple[str, ...]  # relative to PACKER_DIR
     template_paths: tuple[str, ...]  # relative to TEMPLATES_DIR (files or directories)
     nginx: dict[str, Any]
+    # The base container image loaded into podman's store at provisioning (see ContainerBase).
+    container: "ContainerBase | None" = None
 
     def constants(self) -> dict[str, Any]:
-        return {
+        out = {
             "recipe_version": RECIPE_VERSION,
             "name": self.name, "os": self.os, "release": self.release, "suite": self.suite,
             "variant": self.variant, "packages": list(self.packages),
@@ -78,6 +80,30 @@ class Recipe:
             "disk_mib": self.disk_mib, "hostname": self.hostname, "root_label": ROOT_LABEL,
             "ready_marker": READY_MARKER, "nginx": self.nginx,
         }
+        if self.container is not None:
+            out["container"] = self.container.constants()
+        return out
+
+
+@dataclass(frozen=True)
+class ContainerBase:
+    """A base container image made from Debian packages at image build (no registry at run time):
+    ``mmdebstrap --variant=<variant> --include=<packages>`` to a .tar.zst, with the .debs of
+    `cache` (and their dependencies) downloaded, not installed, into `cache_dir` so a Containerfile
+    can install packages offline (``dpkg -i``); provisioning ``podman import``s it as `name`."""
+
+    name: str  # the image reference workloads use
+    variant: str
+    packages: tuple[str, ...]
+    cache: tuple[str, ...]
+    cache_dir: str
+
+    def constants(self) -> dict[str, Any]:
+        return {"name": self.name, "variant": self.variant, "packages": list(self.packages),
+                "cache": list(self.cache), "cache_dir": self.cache_dir}
+
+
+CONTAINER_TARBALL = "lab-base.tar.zst"  # in the build's stage dir; Packer uploads it
 
 
 DEBIAN12 = Recipe(
@@ -92,6 +118,9 @@ DEBIAN12 = Recipe(
         # access and the tools the workloads run
         "openssh-server", "sysbench", "iperf3", "nginx-light", "openssl", "ca-certificates",
         "curl", "git", "procps", "iproute2", "ethtool", "iputils-ping", "netbase",
+        # containers (issue 9 workloads): podman with netavark + iptables for its default bridge
+        # network, both OCI runtimes, hyperfine for container start, POSIX `time -p` for timings
+        "podman", "crun", "runc", "netavark", "iptables", "hyperfine", "time",
     ),
     dpkg_excludes=(
         "/usr/share/man/*", "/usr/share/info/*", "/usr/share/doc/*", "/usr/share/locale/*",
@@ -108,6 +137,10 @@ DEBIAN12 = Recipe(
     template_paths=("image", "nginx.conf.j2", "site"),
     nginx={"worker_processes": "auto", "worker_connections": 4096, "root": "/srv/www",
            "ssl_certificate": "/etc/nginx/lab.crt", "ssl_certificate_key": "/etc/nginx/lab.key"},
+    # essential (no apt) + git and time for clones inside a container; the build tools a
+    # Containerfile installs offline (tcc: a C compiler ~0.3 MB, where gcc would add ~150 MB).
+    container=ContainerBase(name="localhost/lab-base:latest", variant="essential", packages=("git", "time"),
+                            cache=("make", "tcc", "libc6-dev"), cache_dir="/var/cache/lab-debs"),
 )
 
 RECIPES: dict[str, Recipe] = {DEBIAN12.name: DEBIAN12}
@@ -408,6 +441,31 @@ def render_stage(name: str, out: Path, templates_dir: Path | None = None) -> Non
             dest.write_bytes(png(int(w), int(h), int(seed)))
 
 
+def container_base_argv(r: Recipe, out: Path, mirrors: list[str]) -> list[str]:
+    """Pure: the mmdebstrap command line that makes the recipe's base container tarball."""
+    c = r.container
+    if c is None:
+        raise LabError(f"image {r.name!r} has no base container image in its recipe")
+    cache = c.cache_dir
+    # The hook runs on the host with the chroot's apt configuration: --download-only puts the .debs
+    # (with their dependencies that are not installed yet) where the Containerfile expects them.
+    hook = (f'mkdir -p "$1{cache}" && APT_CONFIG="$MMDEBSTRAP_APT_CONFIG" apt-get install --download-only '
+            f'-y -q -o Dir::Cache::archives="$1{cache}/" {" ".join(c.cache)} '
+            f'&& rm -rf "$1{cache}/partial" "$1{cache}/lock"')
+    return ["mmdebstrap", "--mode=root", f"--variant={c.variant}", "--format=tar",
+            f"--include={','.join(c.packages)}", "--aptopt=Acquire::Retries \"3\"",
+            *[f"--dpkgopt=path-exclude={p}" for p in r.dpkg_excludes],
+            f"--customize-hook={hook}", r.suite, str(out), *mirrors]
+
+
+def build_container_base(r: Recipe, out: Path, mirrors: list[str], log: Path) -> None:
+    """The base container image as a zstd tarball (mmdebstrap compresses by the file name)."""
+    _run_logged(container_base_argv(r, out, mirrors), log, timeout=1200, what="mmdebstrap (container)",
+                env={"DEBIAN_FRONTEND": "noninteractive"})
+    if not out.is_file() or out.stat().st_size == 0:
+        raise LabError(f"mmdebstrap made no {out}", hint=f"see {log}")
+
+
 def _tool_version(argv: list[str]) -> str:
     try:
         res = proc.run(argv, timeout=30, check=False)
@@ -517,6 +575,9 @@ def _build(r: Recipe, name: str, work: Path, idir: Path, digest: str, say: Calla
 
     stage("stage: render nginx.conf and the site")
     render_stage(name, work / "stage")
+    if r.container is not None:
+        stage("container: mmdebstrap the base container image")
+        build_container_base(r, work / "stage" / CONTAINER_TARBALL, mirrors, work / "container.log")
 
     stage("packer: boot under TCG and provision")
     out_dir = work / "packer-out"
@@ -583,6 +644,8 @@ def _build(r: Recipe, name: str, work: Path, idir: Path, digest: str, say: Calla
                   "certificate_sha256": guest.get("nginx_cert_sha256", ""),
                   "bulk": ["/bulk/1m.bin", "/bulk/64m.bin"], "bulk_sha256": guest.get("bulk_sha256", {}),
                   "site_files": guest.get("site_files")},
+        "container": ({"name": r.container.name, "tarball_bytes": (work / "stage" / CONTAINER_TARBALL).stat().st_size,
+                       **guest.get("container", {})} if r.container is not None else None),
         "initrd_modules": _initrd_modules(),
         "paths": {k: p.relative_to(idir).as_posix() for k, p in paths.items()},
         "mirrors": mirrors,

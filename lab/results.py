@@ -57,9 +57,10 @@ class ShowRow:
 
 def _variant(metric: str) -> str:
     """The variant suffix a workload puts on a metric (e.g. _c10 for 10 connections, _1t for one
-    thread, _rx/_tx for a direction), or ""."""
+    thread, _rx/_tx for a direction, _podman-host for a container network), or "". A candidate only:
+    callers use it when a `cpu_busy_pct_<variant>` was measured, else the workload's overall one."""
     head, _, tail = metric.rpartition("_")
-    return tail if head and re.fullmatch(r"c\d+|\d+t|nt|rx|tx|p\d+", tail) else ""
+    return tail if head and re.fullmatch(r"[a-z0-9][a-z0-9.-]*", tail) else ""
 
 
 def _hidden(s: Series) -> bool:

@@ -48,6 +48,10 @@ source "qemu" "debian12" {
   disk_size        = var.disk_size
   format           = "qcow2"
   disk_interface   = "virtio"
+  # Blocks freed during provisioning (podman import's temporary copy of the base image, dpkg's
+  # leftovers) are discarded by the final fstrim instead of staying allocated in the qcow2.
+  disk_discard       = "unmap"
+  disk_detect_zeroes = "unmap"
   net_device       = "virtio-net"
   accelerator      = "tcg"
   cpus             = 2
@@ -88,6 +92,13 @@ build {
   provisioner "file" {
     source      = "${var.stage_dir}/site"
     destination = "/tmp/lab-site"
+  }
+
+  # The base container image (mmdebstrap, zstd tarball): to /run (tmpfs), so the blocks it
+  # occupies never reach the disk image; provisioning imports it into podman's store.
+  provisioner "file" {
+    source      = "${var.stage_dir}/lab-base.tar.zst"
+    destination = "/run/lab-base.tar.zst"
   }
 
   provisioner "shell" {

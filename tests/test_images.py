@@ -25,6 +25,7 @@ def _fake_stage(tmp_path: Path) -> dict[str, str]:
     stage = tmp_path / "stage"
     (stage / "site").mkdir(parents=True)
     (stage / "nginx.conf").write_text("events {}\n")
+    (stage / images.CONTAINER_TARBALL).write_bytes(b"")
     disk = tmp_path / "base.qcow2"
     disk.write_bytes(b"")
     for name in ("vmlinuz", "initrd.img"):

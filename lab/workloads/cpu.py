@@ -20,9 +20,15 @@ whole run (first before, last after), as every workload's RawOutput carries them
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
 import shlex
+import signal
+import subprocess
+import tempfile
 from dataclasses import dataclass
+from typing import Callable, Iterator
 
 from lab.errors import LabError
 from lab.model import RawOutput, Sample
@@ -350,18 +356,79 @@ class GuestLoad:
     seconds: float
 
 
-def run_guest_load(ctx, workload: str, load: str, timeout: float) -> GuestLoad:
-    """Run `load` in the guest between two CPU snapshots in one SSH command."""
+def run_guest_load(ctx, workload: str, load: str, timeout: float, prefix: str = "") -> GuestLoad:
+    """Run `load` in the guest between two CPU snapshots in one SSH command.
+
+    `prefix` runs the whole script somewhere else in the guest: `podman run --rm IMAGE ` or
+    `jexec JAIL ` puts snapshots and load inside a container or jail (the CPU counters are the
+    kernel's, the same inside and out), so container start and removal stay outside the window."""
     import time
 
     from lab import osfacts
 
     ticks_cmd = osfacts.facts(ctx.os).cpu_ticks_cmd
     started = time.time()
-    res = ctx.guest.run(guest_script(load, ticks_cmd), timeout=timeout, check=False)
+    res = ctx.guest.run(prefix + guest_script(load, ticks_cmd), timeout=timeout, check=False)
     before, out, after, rc = split_guest_output(res.stdout, workload)
     if rc is None:
         tail = " | ".join((res.stderr or "").strip().splitlines()[-3:]) or "no error output"
         raise LabError(f"{workload}: the load in the guest ended before its closing CPU snapshot "
                        f"(ssh exit {res.returncode}: {tail})")
     return GuestLoad(before, out, after, rc, res.stderr or "", started, res.seconds)
+
+
+# ---------------------------------------------------------------------------------------------
+# A server on the client side for the length of one load (iperf3 -s, git daemon)
+
+
+@dataclass(frozen=True)
+class ClientServer:
+    process: subprocess.Popen
+    log: Callable[[], str]  # its output so far
+
+
+@contextlib.contextmanager
+def client_server(ctx, argv: list[str], *, ready: str, what: str, hint: str = "",
+                  timeout: float = 15.0) -> Iterator[ClientServer]:
+    """Run `argv` on the client side (ctx.client.argv: the run's network namespace) while the block
+    runs: in its own session, ready once `ready` appears in its output (read from a log file, so
+    the server's port is never touched to test it), and at the end its whole process group is
+    stopped (servers that fork per connection, like git daemon, leave nothing behind)."""
+    from lab import proc
+    from lab.wait import wait_until
+
+    fd, log_path = tempfile.mkstemp(prefix="lab-server-", suffix=".log")
+    os.close(fd)
+    server: subprocess.Popen | None = None
+
+    def log_text() -> str:
+        with open(log_path, errors="replace") as f:
+            return f.read()
+
+    try:
+        with open(log_path, "w") as log:
+            server = proc.spawn(ctx.client.argv(argv), stdout=log, stderr=subprocess.STDOUT)
+
+        def listening() -> bool:
+            text = log_text()
+            if ready in text:
+                return True
+            if server.poll() is not None:
+                raise LabError(f"{what} exited with status {server.returncode}: {first_line(text)}",
+                               hint=hint or None)
+            return False
+
+        wait_until(listening, timeout=timeout, what=what, detail=lambda: first_line(log_text()))
+        yield ClientServer(server, log_text)
+    finally:
+        if server is not None and server.poll() is None:
+            try:
+                os.killpg(server.pid, signal.SIGTERM)  # its own session: only this server
+                server.wait(timeout=5)
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                try:
+                    os.killpg(server.pid, signal.SIGKILL)
+                    server.wait(timeout=5)
+                except (ProcessLookupError, subprocess.TimeoutExpired):
+                    pass
+        os.unlink(log_path)
