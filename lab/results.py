@@ -81,6 +81,8 @@ def show_rows(all_series: list[Series], *, everything: bool = False) -> list[Sho
         v = _variant(s.metric)
         busy = cpu.get((s.cell, s.workload, f"{CPU_METRIC}_{v}" if v else CPU_METRIC),
                        cpu.get((s.cell, s.workload, CPU_METRIC)))
+        if s.unit == "n/a":  # a variant that could not run (na_<variant>) had no load
+            busy = None
         direction = {True: "↑", False: "↓", None: ""}[s.higher_is_better]
         rows.append(ShowRow(s.workload, s.cell, s.metric, s.unit, len(s.values), statistics.median(s.values),
                             min(s.values), max(s.values), busy, s.flagged, direction))

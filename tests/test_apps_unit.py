@@ -322,3 +322,22 @@ def test_estimates_are_positive():
     for name in ("git-clone", "podman-build", "container-start", "scp", "bulk-http"):
         wl = WORKLOADS[name]
         assert wl.estimate_seconds(dict(wl.defaults)) > 0
+
+
+def test_show_puts_each_variants_cpu_beside_it_and_none_beside_na_rows():
+    from lab import results
+    from lab.store import CellRow, SampleRow
+
+    cell = CellRow("r", "c01", 1, "local/debian12/virtio", {}, "done", None, None, {})
+
+    def row(metric, value, unit="s"):
+        return SampleRow("r", "c01", "git-clone", metric, value, unit, False, 0, {})
+
+    rows = {r.metric: r for r in results.show_rows(results.series(
+        [row("clone_seconds_podman-host", 2.0), row("clone_seconds_guest", 1.0), row("na_docker-host", 1.0, "n/a"),
+         row("cpu_busy_pct_podman-host", 70.0, "%"), row("cpu_busy_pct_guest", 40.0, "%"),
+         row("cpu_busy_pct", 55.0, "%")], [cell]))}
+    assert rows["clone_seconds_podman-host"].cpu_busy == 70.0
+    assert rows["clone_seconds_guest"].cpu_busy == 40.0
+    assert rows["na_docker-host"].cpu_busy is None
+    assert set(rows) == {"clone_seconds_podman-host", "clone_seconds_guest", "na_docker-host"}

@@ -43,12 +43,15 @@ curl -fsSk -o /dev/null https://127.0.0.1/ || { echo "nginx does not serve https
 # /run/lab-base.tar.zst: the mmdebstrap tarball lab/images.py made (ContainerBase in the recipe).
 # The name must match the recipe's ContainerBase.name (tests/test_images.py checks it).
 base_image=localhost/lab-base:latest
+up() { echo "provision: $1 at $(cut -d' ' -f1 /proc/uptime) s of uptime"; }  # stage times in packer.log
+up "podman import"
 zstd -dc /run/lab-base.tar.zst | podman import --quiet --change 'CMD ["/bin/sh"]' - "$base_image" >/dev/null
 rm -f /run/lab-base.tar.zst
-podman run --rm --network=none "$base_image" git --version >/dev/null
+up "container checks"
+podman run --rm --network=none "$base_image" sh -c 'git --version && ls /var/cache/lab-debs/*.deb' >/dev/null
 podman run --rm --runtime=runc --network=host "$base_image" true
 podman run --rm "$base_image" true  # the default bridge network: netavark + iptables work
-test -n "$(podman run --rm --network=none "$base_image" sh -c 'ls /var/cache/lab-debs/*.deb')"
+up "containers done"
 
 # --- the version report --------------------------------------------------------------------------
 pkgver() { dpkg-query -W -f='${Version}' "$1" 2>/dev/null || echo ""; }
