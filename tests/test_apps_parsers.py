@@ -3,34 +3,13 @@ each came from; `*-constructed-*` files are constructed, the others captured for
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from lab.errors import LabError
 from lab.model import RawOutput
 from lab.workloads import bulk_http, container_start, containers, cpu, git_clone, podman_build, scp
 
-DATA = Path(__file__).parent / "data"
-
-
-def read(rel: str) -> str:
-    return (DATA / rel).read_text()
-
-
-def by_metric(samples):
-    out = {}
-    for s in samples:
-        assert s.metric not in out, f"metric {s.metric} emitted twice"
-        out[s.metric] = s
-    return out
-
-
-def wrapped(load_text: str, before: str, after: str, rc: int = 0) -> str:
-    """What run_guest_load's script prints around a load (markers, CPU snapshots, exit status)."""
-    return (f"@@lab-cpu-before@@\n{before}\n@@lab-load@@\n{load_text}"
-            f"@@lab-cpu-after@@\n{after}\n@@lab-rc={rc}@@\n")
-
+from test_parsers import by_metric, read
 
 # ---------------------------------------------------------------------------------------------
 # time -p and git clone

@@ -4,14 +4,12 @@ clone over loopback, and run() against scripted guests."""
 
 from __future__ import annotations
 
-import shlex
 import shutil
-import subprocess
 
 import pytest
 
 from lab import images, proc
-from lab.errors import LabError, UsageError
+from lab.errors import UsageError
 from lab.workloads import (bulk_http, container_start, containers, git_clone, gitrepo, load_all,
                            podman_build, scp)
 

@@ -24,8 +24,8 @@ from lab.errors import LabError, UsageError
 from lab.model import RawOutput, Sample
 from lab.workloads import WorkloadContext, register
 from lab.workloads import containers
-from lab.workloads.cpu import (cpu_samples, effective_params, first_line, join_segments, snapshot,
-                               split_segments)
+from lab.workloads.cpu import (SegmentLog, choices, cpu_samples, effective_params, first_line, int_param,
+                               snapshot, split_segments)
 from lab.workloads.git_clone import lro_setting
 from lab.workloads.http import url
 
@@ -76,15 +76,9 @@ class BulkHttp:
         p = effective_params(self.defaults, ctx.params)
         if not isinstance(p["path"], str) or not p["path"].startswith("/") or any(c.isspace() for c in p["path"]):
             raise UsageError(f"{self.name}: path must start with / and contain no spaces, got {p['path']!r}")
-        v = p["count"]
-        if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 1000:
-            raise UsageError(f"{self.name}: count must be an integer 1..1000, got {v!r}")
+        int_param(self.name, "count", p["count"], 1, 1000)
         for key, allowed in (("scheme", SCHEMES), ("network", ("guest", "default")), ("lro", containers.LRO)):
-            items = p[key] if isinstance(p[key], (list, tuple)) else [p[key]]
-            if not items or len(set(items)) != len(items) or any(x not in allowed for x in items):
-                raise UsageError(f"{self.name}: {key} must list distinct entries of {', '.join(allowed)}, "
-                                 f"got {p[key]!r}")
-            p[key] = list(items)
+            p[key] = choices(self.name, key, p[key], allowed)
         if "default" in p["network"] and containers.family(ctx.os) != "freebsd":
             raise UsageError(f"{self.name}: network \"default\" (nginx in a vnet jail) is FreeBSD-only; "
                              f"the {ctx.os} image has nginx in the guest only")
@@ -138,26 +132,17 @@ class BulkHttp:
     def run(self, ctx: WorkloadContext, repetition: int) -> RawOutput:
         p = self.params(ctx)
         ticks_cmd = osfacts.facts(ctx.os).cpu_ticks_cmd
-        segments, extra, cmds = [], {}, []
-        started, seconds = time.time(), 0.0
+        log = SegmentLog(self.name, started=time.time())
         for tag, place, scheme, lro in self.plan(ctx):
             argv = curl_argv(self.target(ctx, scheme, place), p["count"])
             with lro_setting(ctx, lro) as state:
                 before = snapshot(ctx.guest, ticks_cmd)
                 res = proc.run(ctx.client.argv(argv), timeout=900 * p["count"] + 60, check=False, what="curl")
                 after = snapshot(ctx.guest, ticks_cmd)
-            extra[f"lro.{tag}"] = state["effective"]
-            segments.append((tag, res.returncode, res.stdout + res.stderr))
-            extra[f"cpu_before.{tag}"], extra[f"cpu_after.{tag}"] = before, after
-            extra.setdefault("cpu_before", before)
-            extra["cpu_after"] = after
-            seconds += res.seconds
-            cmds.append(shlex.join(argv))
-        rc_all = next((rc for _, rc, _ in segments if rc != 0), 0)
-        return RawOutput(workload=self.name, command=" ; ".join(cmds), stdout=join_segments(segments),
-                         returncode=rc_all, started=started, seconds=seconds,
-                         params={**p, "vcpus": ctx.vcpus, "repetition": repetition, "os": ctx.os},
-                         extra=extra)
+            log.add(tag, res.returncode, res.stdout + res.stderr, before, after, started=log.started,
+                    seconds=res.seconds, command=shlex.join(argv))
+            log.extra[f"lro.{tag}"] = state["effective"]
+        return log.raw({**p, "vcpus": ctx.vcpus, "repetition": repetition, "os": ctx.os})
 
     def parse(self, raw: RawOutput) -> list[Sample]:
         samples: list[Sample] = []

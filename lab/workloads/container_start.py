@@ -22,7 +22,7 @@ from lab.errors import LabError, UsageError
 from lab.model import RawOutput, Sample
 from lab.workloads import WorkloadContext, register
 from lab.workloads import containers
-from lab.workloads.cpu import (cpu_samples, effective_params, first_line, join_segments,
+from lab.workloads.cpu import (SegmentLog, choices, cpu_samples, effective_params, first_line, int_param,
                                require_guest_tool, run_guest_load, split_segments)
 
 NETWORKS = ("default", "host", "none")
@@ -77,15 +77,9 @@ class ContainerStart:
     def params(self, ctx: WorkloadContext) -> dict[str, Any]:
         p = effective_params(self.defaults, ctx.params)
         for key, allowed in (("runtime", RUNTIMES), ("network", NETWORKS), ("store", STORES)):
-            items = p[key] if isinstance(p[key], (list, tuple)) else [p[key]]
-            if not items or len(set(items)) != len(items) or any(x not in allowed for x in items):
-                raise UsageError(f"{self.name}: {key} must list distinct entries of {', '.join(allowed)}, "
-                                 f"got {p[key]!r}")
-            p[key] = list(items)
-        for key, low in (("runs", 1), ("warmup", 0)):
-            v = p[key]
-            if isinstance(v, bool) or not isinstance(v, int) or not low <= v <= 1000:
-                raise UsageError(f"{self.name}: {key} must be an integer {low}..1000, got {v!r}")
+            p[key] = choices(self.name, key, p[key], allowed)
+        int_param(self.name, "runs", p["runs"], 1, 1000)
+        int_param(self.name, "warmup", p["warmup"], 0, 1000)
         return p
 
     def estimate_seconds(self, p: dict[str, Any]) -> float:
@@ -131,34 +125,21 @@ class ContainerStart:
         p = self.params(ctx)
         if "runtimes" not in ctx.facts:
             self.prepare(ctx)
-        segments, extra, cmds, errs = [], {}, [], []
-        started, seconds = 0.0, 0.0
+        log = SegmentLog(self.name)
         for tag, rt, net, st in self.plan(ctx):
             if not ctx.facts["runtimes"].get(rt):
-                extra[f"na.{tag}"] = f"OCI runtime {rt} is not installed in the guest"
+                log.extra[f"na.{tag}"] = f"OCI runtime {rt} is not installed in the guest"
                 continue
             if st == "transient" and ctx.facts.get("transient"):
-                extra[f"na.{tag}"] = (f"podman {ctx.facts.get('podman') or '?'} has no --transient-store "
-                                      f"({ctx.facts['transient']})")
+                log.extra[f"na.{tag}"] = (f"podman {ctx.facts.get('podman') or '?'} has no --transient-store "
+                                          f"({ctx.facts['transient']})")
                 continue
             load = hyperfine_load(start_argv(rt, net, st), p["runs"], p["warmup"])
             timeout = (p["runs"] + p["warmup"]) * 120 + 60
-            r = run_guest_load(ctx, self.name, load, timeout=timeout)
-            started = started or r.started
-            seconds += r.seconds
-            segments.append((tag, r.returncode, r.stdout))
-            extra[f"cpu_before.{tag}"], extra[f"cpu_after.{tag}"] = r.cpu_before, r.cpu_after
-            extra.setdefault("cpu_before", r.cpu_before)
-            extra["cpu_after"] = r.cpu_after
-            extra[f"runtime_version.{tag}"] = ctx.facts["runtimes"][rt]
-            cmds.append(load)
-            errs.append(r.stderr)
-        rc_all = next((rc for _, rc, _ in segments if rc != 0), 0)
-        return RawOutput(workload=self.name, command=" ; ".join(cmds), stdout=join_segments(segments),
-                         stderr="".join(errs), returncode=rc_all, started=started, seconds=seconds,
-                         params={**p, "vcpus": ctx.vcpus, "repetition": repetition, "os": ctx.os,
-                                 "podman": ctx.facts.get("podman", ""), "image": containers.BASE_IMAGE},
-                         extra=extra)
+            log.add_load(tag, run_guest_load(ctx, self.name, load, timeout=timeout), load)
+            log.extra[f"runtime_version.{tag}"] = ctx.facts["runtimes"][rt]
+        return log.raw({**p, "vcpus": ctx.vcpus, "repetition": repetition, "os": ctx.os,
+                        "podman": ctx.facts.get("podman", ""), "image": containers.BASE_IMAGE})
 
     def parse(self, raw: RawOutput) -> list[Sample]:
         samples: list[Sample] = []

@@ -142,9 +142,9 @@ def parse_time_p(text: str, what: str) -> float:
 
 
 def check_places(workload: str, places, os_name: str | None = None, allowed: tuple[str, ...] = PLACES) -> list[str]:
-    items = places if isinstance(places, (list, tuple)) else [places]
-    if not items or len(set(items)) != len(items) or any(p not in allowed for p in items):
-        raise UsageError(f"{workload}: network must list distinct entries of {', '.join(allowed)}, got {places!r}")
+    from lab.workloads.cpu import choices
+
+    items = choices(workload, "network", places, allowed)
     if os_name is not None and any(p != "guest" for p in items):
         engine(os_name)
-    return list(items)
+    return items

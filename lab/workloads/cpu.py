@@ -27,7 +27,7 @@ import shlex
 import signal
 import subprocess
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
 from lab.errors import LabError
@@ -341,6 +341,60 @@ def require_guest_tool(ctx, tool: str, workload: str, also_in: tuple[str, ...] =
         pkg = osfacts.facts(ctx.os).packages.get(tool, tool)
         raise LabError(f"{workload}: {tool} is not installed in the guest ({ctx.os})",
                        hint=f"add the package {pkg!r} to the {ctx.os} golden image (packer/) and rebuild it")
+
+
+def choices(workload: str, key: str, value, allowed: tuple[str, ...]) -> list[str]:
+    """A list parameter whose entries come from `allowed`, each once (a scalar is a list of one)."""
+    from lab.errors import UsageError
+
+    items = list(value) if isinstance(value, (list, tuple)) else [value]
+    if not items or len(set(items)) != len(items) or any(x not in allowed for x in items):
+        raise UsageError(f"{workload}: {key} must list distinct entries of {', '.join(allowed)}, got {value!r}")
+    return items
+
+
+def int_param(workload: str, key: str, value, low: int, high: int) -> int:
+    """An integer parameter in low..high (booleans are not integers here)."""
+    from lab.errors import UsageError
+
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise UsageError(f"{workload}: {key} must be an integer {low}..{high}, got {value!r}")
+    return value
+
+
+@dataclass
+class SegmentLog:
+    """Collects a run's segments (one load each) into the RawOutput every workload returns: the
+    outputs under segment headers, the CPU snapshots per segment and around the whole run."""
+
+    workload: str
+    segments: list[tuple[str, int, str]] = field(default_factory=list)
+    extra: dict[str, str] = field(default_factory=dict)
+    commands: list[str] = field(default_factory=list)
+    stderr: list[str] = field(default_factory=list)
+    started: float = 0.0
+    seconds: float = 0.0
+
+    def add(self, tag: str, rc: int, text: str, cpu_before: str, cpu_after: str, *, started: float,
+            seconds: float, command: str, stderr: str = "") -> None:
+        self.segments.append((tag, rc, text))
+        self.extra[f"cpu_before.{tag}"], self.extra[f"cpu_after.{tag}"] = cpu_before, cpu_after
+        self.extra.setdefault("cpu_before", cpu_before)
+        self.extra["cpu_after"] = cpu_after
+        self.started = self.started or started
+        self.seconds += seconds
+        self.commands.append(command)
+        self.stderr.append(stderr)
+
+    def add_load(self, tag: str, r: "GuestLoad", command: str) -> None:
+        self.add(tag, r.returncode, r.stdout, r.cpu_before, r.cpu_after, started=r.started, seconds=r.seconds,
+                 command=command, stderr=r.stderr)
+
+    def raw(self, params: dict) -> RawOutput:
+        rc_all = next((rc for _, rc, _ in self.segments if rc != 0), 0)
+        return RawOutput(workload=self.workload, command=" ; ".join(self.commands),
+                         stdout=join_segments(self.segments), stderr="".join(self.stderr), returncode=rc_all,
+                         started=self.started, seconds=self.seconds, params=params, extra=self.extra)
 
 
 @dataclass(frozen=True)

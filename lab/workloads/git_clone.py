@@ -20,11 +20,11 @@ import shlex
 from typing import Any
 
 from lab import proc
-from lab.errors import LabError, UsageError
+from lab.errors import LabError
 from lab.model import RawOutput, Sample
 from lab.workloads import WorkloadContext, register
 from lab.workloads import containers, gitrepo
-from lab.workloads.cpu import (cpu_samples, effective_params, first_line, join_segments,
+from lab.workloads.cpu import (SegmentLog, choices, cpu_samples, effective_params, first_line, int_param,
                                require_guest_tool, run_guest_load, split_segments)
 
 
@@ -63,15 +63,9 @@ class GitClone:
         p = effective_params(self.defaults, ctx.params)
         gitrepo.check_shape(self.name, p)
         p["network"] = containers.check_places(self.name, p["network"], ctx.os)
-        lros = p["lro"] if isinstance(p["lro"], (list, tuple)) else [p["lro"]]
-        if not lros or len(set(lros)) != len(lros) or any(x not in containers.LRO for x in lros):
-            raise UsageError(f"{self.name}: lro must list distinct entries of {', '.join(containers.LRO)}, "
-                             f"got {p['lro']!r}")
-        p["lro"] = list(lros)
-        for key, high in (("port", 65535), ("timeout", 86400)):
-            v = p[key]
-            if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= high:
-                raise UsageError(f"{self.name}: {key} must be an integer 1..{high}, got {v!r}")
+        p["lro"] = choices(self.name, "lro", p["lro"], containers.LRO)
+        int_param(self.name, "port", p["port"], 1, 65535)
+        int_param(self.name, "timeout", p["timeout"], 1, 86400)
         return p
 
     def estimate_seconds(self, p: dict[str, Any]) -> float:
@@ -110,30 +104,18 @@ class GitClone:
         p = self.params(ctx)
         repo = ctx.facts.get("repo") or gitrepo.ensure(gitrepo.check_shape(self.name, p))
         load = clone_load(gitrepo.url(ctx.client.address, p["port"]))
-        segments, extra, cmds, errs = [], {}, [], []
-        started, seconds = 0.0, 0.0
+        log = SegmentLog(self.name)
         for tag, place, lro in self.plan(ctx):
             prefix = containers.place_prefix(ctx.os, place)
             with lro_setting(ctx, lro) as state:
                 with gitrepo.serve(ctx, repo, p["port"], self.name) as server:
                     r = run_guest_load(ctx, self.name, load, timeout=p["timeout"] + 120, prefix=prefix)
-                    extra[f"server_log.{tag}"] = server.log()
-            extra[f"lro.{tag}"] = state["effective"]
-            started = started or r.started
-            seconds += r.seconds
-            segments.append((tag, r.returncode, r.stdout))
-            extra[f"cpu_before.{tag}"], extra[f"cpu_after.{tag}"] = r.cpu_before, r.cpu_after
-            extra.setdefault("cpu_before", r.cpu_before)
-            extra["cpu_after"] = r.cpu_after
-            cmds.append(prefix + load)
-            errs.append(r.stderr)
-        rc_all = next((rc for _, rc, _ in segments if rc != 0), 0)
-        return RawOutput(workload=self.name, command=" ; ".join(cmds), stdout=join_segments(segments),
-                         stderr="".join(errs), returncode=rc_all, started=started, seconds=seconds,
-                         params={**p, "vcpus": ctx.vcpus, "repetition": repetition, "os": ctx.os,
-                                 "engine": _engine_or_none(ctx.os, p["network"]),
-                                 "url": gitrepo.url(ctx.client.address, p["port"]), **repo.facts()},
-                         extra=extra)
+                    log.extra[f"server_log.{tag}"] = server.log()
+            log.extra[f"lro.{tag}"] = state["effective"]
+            log.add_load(tag, r, prefix + load)
+        return log.raw({**p, "vcpus": ctx.vcpus, "repetition": repetition, "os": ctx.os,
+                        "engine": _engine_or_none(ctx.os, p["network"]),
+                        "url": gitrepo.url(ctx.client.address, p["port"]), **repo.facts()})
 
     def parse(self, raw: RawOutput) -> list[Sample]:
         samples: list[Sample] = []

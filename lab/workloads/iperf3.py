@@ -21,7 +21,7 @@ from lab import proc
 from lab.errors import LabError, UsageError
 from lab.model import RawOutput, Sample
 from lab.workloads import WorkloadContext, register
-from lab.workloads.cpu import (client_server, cpu_samples, effective_params, first_line, join_segments,
+from lab.workloads.cpu import (SegmentLog, client_server, cpu_samples, effective_params, first_line,
                                require_guest_tool, run_guest_load, split_segments,
                                with_run_context)
 
@@ -164,25 +164,12 @@ class _Iperf3:
 
     def run(self, ctx: WorkloadContext, repetition: int) -> RawOutput:
         p = self.params(ctx)
-        segments, extra, cmds, errs = [], {}, [], []
-        started, seconds = 0.0, 0.0
+        log = SegmentLog(self.name)
         for direction, srv, cmd in self.commands(ctx):
-            r, log = self._one(ctx, srv, cmd, p["time"])
-            started = started or r.started
-            seconds += r.seconds
-            segments.append((direction, r.returncode, r.stdout))
-            extra[f"cpu_before.{direction}"], extra[f"cpu_after.{direction}"] = r.cpu_before, r.cpu_after
-            extra.setdefault("cpu_before", r.cpu_before)
-            extra["cpu_after"] = r.cpu_after
-            extra[f"server_log.{direction}"] = log
-            cmds.append(cmd)
-            errs.append(r.stderr)
-        rc_all = next((rc for _, rc, _ in segments if rc != 0), 0)
-        return RawOutput(workload=self.name, command=" ; ".join(cmds), stdout=join_segments(segments),
-                         stderr="".join(errs), returncode=rc_all, started=started, seconds=seconds,
-                         params={**p, "vcpus": ctx.vcpus, "repetition": repetition,
-                                 "client_address": ctx.client.address},
-                         extra=extra)
+            r, server_log = self._one(ctx, srv, cmd, p["time"])
+            log.add_load(direction, r, cmd)
+            log.extra[f"server_log.{direction}"] = server_log
+        return log.raw({**p, "vcpus": ctx.vcpus, "repetition": repetition, "client_address": ctx.client.address})
 
     def _one(self, ctx: WorkloadContext, srv: list[str], cmd: str, time_s: int):
         """Start the one-shot server, wait until it listens, run the guest client, reap the server."""

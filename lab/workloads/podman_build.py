@@ -30,8 +30,8 @@ from lab.errors import LabError, UsageError
 from lab.model import RawOutput, Sample
 from lab.workloads import WorkloadContext, register
 from lab.workloads import containers, gitrepo
-from lab.workloads.cpu import (cpu_samples, effective_params, first_line, join_segments,
-                               require_guest_tool, run_guest_load, split_segments)
+from lab.workloads.cpu import (SegmentLog, choices, cpu_samples, effective_params, first_line, int_param,
+                               run_guest_load, split_segments)
 from lab.workloads.git_clone import prepare_places
 
 STEPS = ("from", "packages", "clone", "make", "install", "copy", "extra")
@@ -143,16 +143,10 @@ class PodmanBuild:
     def params(self, ctx: WorkloadContext) -> dict[str, Any]:
         p = effective_params(self.defaults, ctx.params)
         gitrepo.check_shape(self.name, p)
-        for key, allowed in (("network", NETWORKS), ("engines", ENGINES)):
-            items = p[key] if isinstance(p[key], (list, tuple)) else [p[key]]
-            if not items or len(set(items)) != len(items) or any(x not in allowed for x in items):
-                raise UsageError(f"{self.name}: {key} must list distinct entries of {', '.join(allowed)}, "
-                                 f"got {p[key]!r}")
-            p[key] = list(items)
-        for key, high in (("port", 65535), ("timeout", 86400)):
-            v = p[key]
-            if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= high:
-                raise UsageError(f"{self.name}: {key} must be an integer 1..{high}, got {v!r}")
+        p["network"] = choices(self.name, "network", p["network"], NETWORKS)
+        p["engines"] = choices(self.name, "engines", p["engines"], ENGINES)
+        int_param(self.name, "port", p["port"], 1, 65535)
+        int_param(self.name, "timeout", p["timeout"], 1, 86400)
         containers.engine(ctx.os)
         return p
 
@@ -190,32 +184,19 @@ class PodmanBuild:
         if "engines" not in ctx.facts:
             self.prepare(ctx)
         repo = ctx.facts["repo"]
-        segments, extra, cmds, errs = [], {}, [], []
-        started, seconds = 0.0, 0.0
+        log = SegmentLog(self.name)
         for tag, engine, network in self.plan(ctx):
             if not ctx.facts["engines"].get(engine):
-                extra[f"na.{tag}"] = f"{engine} is not installed in the guest"
+                log.extra[f"na.{tag}"] = f"{engine} is not installed in the guest"
                 continue
             load = build_load(ctx.os, engine, network)
             with gitrepo.serve(ctx, repo, p["port"], self.name) as server:
                 r = run_guest_load(ctx, self.name, load, timeout=p["timeout"] + 300)
-                extra[f"server_log.{tag}"] = server.log()
-            started = started or r.started
-            seconds += r.seconds
-            segments.append((tag, r.returncode, r.stdout))
-            extra[f"cpu_before.{tag}"], extra[f"cpu_after.{tag}"] = r.cpu_before, r.cpu_after
-            extra.setdefault("cpu_before", r.cpu_before)
-            extra["cpu_after"] = r.cpu_after
-            cmds.append(load)
-            errs.append(r.stderr)
-        rc_all = next((rc for _, rc, _ in segments if rc != 0), 0)
-        return RawOutput(workload=self.name, command=" ; ".join(cmds), stdout=join_segments(segments),
-                         stderr="".join(errs), returncode=rc_all, started=started, seconds=seconds,
-                         params={**p, "vcpus": ctx.vcpus, "repetition": repetition, "os": ctx.os,
-                                 "steps": list(STEPS),
-                                 "containerfile": containerfile(ctx.os, gitrepo.url(ctx.client.address, p["port"])),
-                                 **repo.facts()},
-                         extra=extra)
+                log.extra[f"server_log.{tag}"] = server.log()
+            log.add_load(tag, r, load)
+        return log.raw({**p, "vcpus": ctx.vcpus, "repetition": repetition, "os": ctx.os, "steps": list(STEPS),
+                        "containerfile": containerfile(ctx.os, gitrepo.url(ctx.client.address, p["port"])),
+                        **repo.facts()})
 
     def parse(self, raw: RawOutput) -> list[Sample]:
         samples: list[Sample] = []

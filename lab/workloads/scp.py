@@ -26,8 +26,8 @@ from lab import osfacts, proc
 from lab.errors import LabError, UsageError
 from lab.model import RawOutput, Sample
 from lab.workloads import WorkloadContext, register
-from lab.workloads.cpu import (cpu_samples, effective_params, first_line, join_segments, snapshot,
-                               split_segments)
+from lab.workloads.cpu import (SegmentLog, choices, cpu_samples, effective_params, first_line, int_param,
+                               snapshot, split_segments)
 
 DIRECTIONS = ("tx", "rx")
 GUEST_FILE = "/var/tmp/lab-scp.bin"
@@ -69,13 +69,8 @@ class Scp:
 
     def params(self, ctx: WorkloadContext) -> dict[str, Any]:
         p = effective_params(self.defaults, ctx.params)
-        v = p["size_mib"]
-        if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 65536:
-            raise UsageError(f"{self.name}: size_mib must be an integer 1..65536, got {v!r}")
-        dirs = p["directions"] if isinstance(p["directions"], (list, tuple)) else [p["directions"]]
-        if not dirs or len(set(dirs)) != len(dirs) or any(d not in DIRECTIONS for d in dirs):
-            raise UsageError(f"{self.name}: directions must list \"tx\" and/or \"rx\" once each, got {p['directions']!r}")
-        p["directions"] = list(dirs)
+        int_param(self.name, "size_mib", p["size_mib"], 1, 65536)
+        p["directions"] = choices(self.name, "directions", p["directions"], DIRECTIONS)
         if not isinstance(p["cipher"], str) or not re.fullmatch(r"[A-Za-z0-9@.+-]*", p["cipher"]):
             raise UsageError(f"{self.name}: cipher must be an OpenSSH cipher name (or \"\"), got {p['cipher']!r}")
         return p
@@ -111,8 +106,7 @@ class Scp:
         p = self.params(ctx)
         size = p["size_mib"] * 1048576
         ticks_cmd = osfacts.facts(ctx.os).cpu_ticks_cmd
-        segments, extra, cmds = [], {}, []
-        started, seconds = time.time(), 0.0
+        log = SegmentLog(self.name, started=time.time())
         with tempfile.TemporaryDirectory(prefix="lab-scp-") as tmp:
             local = os.path.join(tmp, "lab-scp.bin")
             if "rx" in p["directions"]:
@@ -123,18 +117,10 @@ class Scp:
                 before = snapshot(ctx.guest, ticks_cmd)
                 res = proc.run(ctx.client.argv(argv), timeout=3600, check=False, what="scp")
                 after = snapshot(ctx.guest, ticks_cmd)
-                segments.append((d, res.returncode, res.stderr + res.stdout))
-                extra[f"cpu_before.{d}"], extra[f"cpu_after.{d}"] = before, after
-                extra.setdefault("cpu_before", before)
-                extra["cpu_after"] = after
-                extra[f"wall_seconds.{d}"] = f"{res.seconds:.3f}"
-                seconds += res.seconds
-                cmds.append(shlex.join(argv))
-        rc_all = next((rc for _, rc, _ in segments if rc != 0), 0)
-        return RawOutput(workload=self.name, command=" ; ".join(cmds), stdout=join_segments(segments),
-                         returncode=rc_all, started=started, seconds=seconds,
-                         params={**p, "vcpus": ctx.vcpus, "repetition": repetition, "file_bytes": size},
-                         extra=extra)
+                log.add(d, res.returncode, res.stderr + res.stdout, before, after, started=log.started,
+                        seconds=res.seconds, command=shlex.join(argv))
+                log.extra[f"wall_seconds.{d}"] = f"{res.seconds:.3f}"
+        return log.raw({**p, "vcpus": ctx.vcpus, "repetition": repetition, "file_bytes": size})
 
     def parse(self, raw: RawOutput) -> list[Sample]:
         samples: list[Sample] = []
