@@ -129,8 +129,10 @@ def prepare(cfg: LabConfig) -> tuple[list[plan.Cell], dict[str, Any], dict[str, 
     cells = plan.cells(cfg)
     imgs = {name: images.load(name) for name in sorted({c.image for c in cells})}
     backends = build_backends(cfg, {c.host for c in cells})
-    for b in backends.values():
+    for host, b in backends.items():
         b.check()
+        if hasattr(b, "check_images"):  # e.g. Proxmox: a template per image on every node it may use
+            b.check_images([imgs[name] for name in sorted({c.image for c in cells if c.host == host})])
     return cells, imgs, backends
 
 
