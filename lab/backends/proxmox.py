@@ -579,7 +579,8 @@ class ProxmoxBackend:
             source = volid
             if by_path:
                 st = self._nodeapi().storage(self.import_storage)
-                source = str(self._guard("GET volume path", lambda: st.content(volid).get())["path"])
+                source = str(self._guard("GET volume path",
+                                         lambda: st.content(quote(volid, safe="")).get())["path"])
             vmid = self._create_template(image, name, sha, source, deadline)
         finally:
             self._delete_volume(volid, deadline)
@@ -662,7 +663,7 @@ class ProxmoxBackend:
     def _delete_volume(self, volid: str, deadline: float) -> None:
         st = self._nodeapi().storage(self.import_storage)
         try:
-            upid = self._guard(f"removal of {volid}", lambda: st.content(volid).delete())
+            upid = self._guard(f"removal of {volid}", lambda: st.content(quote(volid, safe="")).delete())
             if upid:
                 self._wait_task(upid, timeout=max(1.0, deadline - time.monotonic()), what=f"removal of {volid}")
         except LabError as exc:  # the template is made; the upload is only a leftover file
@@ -808,8 +809,9 @@ class ProxmoxBackend:
                     raise TaskFailed(f"{exc} (log: {' | '.join(exc.log_tail[-3:])})", exc.exitstatus,
                                      exc.log_tail) from None
                 raise
-            except BaseException:
-                self._cleanup_failed_clone(vmid, spec.name, node)
+            except BaseException as exc:
+                settle = 2 * self.timeouts["http"] if isinstance(exc, UnreachableError) else 0.0
+                self._cleanup_failed_clone(vmid, spec.name, node, settle=settle)
                 self._forget(vmid)
                 raise
 
@@ -817,14 +819,26 @@ class ProxmoxBackend:
         with self._reserved_lock:
             self._reserved.discard(vmid)
 
-    def _cleanup_failed_clone(self, vmid: int, name: str, node: str) -> None:
-        """PVE removes the config of a failed clone itself; make sure nothing of ours is left (also
-        after a clone call that timed out on our side but went on on the node)."""
-        try:
-            cfg = self._guard(f"config of VM {vmid}", lambda: self._nodeapi(node).qemu(vmid).config.get())
-        except Exception:
-            return  # gone (the normal case) or unreadable
-        if cfg.get("name") == _dns_name(name):
+    def _cleanup_failed_clone(self, vmid: int, name: str, node: str, *, settle: float = 0.0) -> None:
+        """PVE removes the config of a failed clone itself; make sure nothing of ours is left. After
+        a call that timed out on our side (settle > 0) the node may still carry it out: watch for
+        the VM that long before deciding nothing was made."""
+        api = self._nodeapi(node).qemu(vmid)
+
+        def config():
+            try:
+                return self._guard(f"config of VM {vmid}", lambda: api.config.get())
+            except Exception:
+                return None  # gone (the normal case) or unreadable
+
+        cfg = config()
+        if cfg is None and settle > 0:
+            try:
+                cfg = wait_until(config, timeout=settle, what=f"VM {vmid} of a clone call that timed out",
+                                 interval=self.poll_interval, max_interval=self.poll_max)
+            except TimeoutError_:
+                return
+        if cfg and cfg.get("name") == _dns_name(name):
             try:
                 self._destroy_vmid(vmid, node, name)
             except Exception as exc:

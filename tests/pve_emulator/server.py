@@ -311,6 +311,12 @@ class PveEmulator:
                              file=disk, external=disk is not None)
             self._add_volume(node, f"{storage}:vm-{vmid}-cloudinit", "images", "raw", 4 * 1024**2, vmid)
 
+    def expire_tickets(self) -> None:
+        """Every ticket handed out so far is now older than ticket_lifetime."""
+        with self._lock:
+            for t, (csrf, who, _born) in list(self._tickets.items()):
+                self._tickets[t] = (csrf, who, time.monotonic() - self.ticket_lifetime - 1)
+
     def set_ha(self, vmid: int, managed: bool = True) -> None:
         with self._lock:
             self.vms[vmid].ha_managed = managed
@@ -388,6 +394,8 @@ class PveEmulator:
         if found is None or method not in found[0].info:
             raise PveError(501, f"Method '{method} {api_path}' not implemented")
         route, path_params = found
+        path_params = {k: unquote(v) for k, v in path_params.items()}  # a volid's "/" comes as %2F
+        api_path = unquote(api_path)
         info = route.info[method]
         principal = self._authenticate(method, route.path, info, headers)
         delay = self.latency.get(f"{method} {route.path}", 0.0)
@@ -1146,7 +1154,7 @@ def _content_delete(emu: PveEmulator, p, who):
         raise PveError(403, f"Permission check failed (/storage/{vol.storage}, Datastore.Allocate)")
     if vol.vmid is not None and vol.vmid in emu.vms:
         raise _fail(f"unable to delete '{vol.volid}' - volume is used by VM {vol.vmid}")
-    return emu._task(p["node"], "imgdel", vol.volid, who, emu.task_seconds["imgdel"],
+    return emu._task(p["node"], "imgdel", "", who, emu.task_seconds["imgdel"],
                      on_ok=lambda: emu._drop_volume(vol))
 
 
@@ -1174,10 +1182,18 @@ def _upload(emu: PveEmulator, p, who):
     volid = f"{st.name}:{content}/{name}"  # local:iso/x.img, local:import/x.qcow2
     if emu._volume(p["node"], volid) is not None:
         raise _fail(f"refusing to override existing file '{name}'")  # wording approximated
-    path, size = upload
+    tmp, size = upload
+    path = tmp + ".task"
+    os.replace(tmp, path)  # the task owns the file now (the HTTP layer removes what nobody took)
     fmt = name.rsplit(".", 1)[-1] if content == "import" else content
 
     def ok():
+        if p.get("checksum"):
+            algo = p.get("checksum-algorithm", "sha256")
+            with open(path, "rb") as fh:
+                got = hashlib.file_digest(fh, algo).hexdigest()
+            if got != p["checksum"].lower():
+                raise _fail(f"checksum mismatch: got '{got}' != expected '{p['checksum']}'")
         vol = emu._add_volume(p["node"], volid, content, fmt, size, None)
         vol.file = emu._file_for(p["node"], volid)
         os.replace(path, vol.file)
@@ -1324,7 +1340,7 @@ class _Handler(BaseHTTPRequestHandler):
                 params[k] = (prev if isinstance(prev, list) else [prev]) + [v]
             else:
                 params[k] = v
-        status, reason, payload = self.server.emulator.handle(method, unquote(url.path), params, self.headers,
+        status, reason, payload = self.server.emulator.handle(method, url.path, params, self.headers,
                                                               upload)
         if upload is not None:
             Path(upload[0]).unlink(missing_ok=True)  # not taken by a successful upload task
