@@ -25,6 +25,7 @@ from lab import proc
 from lab.backends.proxmox import ProxmoxBackend
 from lab.errors import AuthError, BackendError, TeardownError, UnreachableError, UsageError
 from lab.model import ImageRef, NicModel, VmSpec
+from lab.wait import wait_until
 
 
 def spec(name="lab-r1-c1", *, ip="", mac="", run_id="r1", memory=1024) -> VmSpec:
@@ -92,6 +93,13 @@ def test_publish_with_import_content_then_clone(pve, tmp_path):
 
 def test_publish_failing_import_leaves_nothing(pve, tmp_path):
     img = image(tmp_path)
+    leftover = tmp_path / f"lab-debian12-{img.sha256[:12]}.qcow2"  # an earlier publish died after its upload
+    leftover.symlink_to(img.path)
+    node = px(pve).nodes("pve1")
+    with open(leftover, "rb") as fh:
+        upid = node.storage("local").upload.post(content="import", filename=fh)
+    wait_until(lambda: node.tasks(upid).status.get()["status"] == "stopped", timeout=5, what="the upload")
+    assert pve.volume_ids() == [f"local:import/{leftover.name}"]
     pve.fail_next("qmcreate", "import failed: qemu-img: Could not open '/dev/pve/vm-100-disk-0'")
     b = ProxmoxBackend("pve1", backend_settings(pve, template=None))
     with pytest.raises(BackendError, match="import of debian12 into VM 100 failed: import failed: qemu-img"):

@@ -611,6 +611,12 @@ class ProxmoxBackend:
 
     def _upload(self, path: Path, content: str, filename: str, sha: str, deadline: float) -> str:
         st = self._nodeapi().storage(self.import_storage)
+        volid = f"{self.import_storage}:{content}/{filename}"
+        try:  # the upload of a publish that died midway: replace it
+            self._guard("GET volume", lambda: st.content(quote(volid, safe="")).get())
+            self._delete_volume(volid, deadline)
+        except ApiError:
+            pass
         with tempfile.TemporaryDirectory(prefix="lab-publish-") as tmp:
             named = Path(tmp) / filename  # the multipart file name is what PVE calls the volume
             named.symlink_to(Path(path).resolve())
@@ -622,7 +628,7 @@ class ProxmoxBackend:
                                    lambda: st.upload.post(**params))
         self._wait_task(upid, timeout=max(1.0, deadline - time.monotonic()),
                         what=f"upload of {filename} to {self.node}/{self.import_storage}")
-        return f"{self.import_storage}:{content}/{filename}"
+        return volid
 
     def _create_template(self, image: ImageRef, name: str, sha: str, source: str, deadline: float) -> int:
         storage = self.storage or "local-lvm"
