@@ -343,6 +343,34 @@ def _check_references(cfg: LabConfig, data: dict[str, Any]) -> None:
             want = type(defaults[key])
             if defaults[key] is not None and not isinstance(val, want) and not (want is float and isinstance(val, int)):
                 raise ConfigError(src, f"suite.params.{wl}.{key}", val, f"must be {want.__name__}")
+    _check_workload_values(cfg, src, known)
+
+
+def _check_workload_values(cfg: LabConfig, src: str, known: dict) -> None:
+    """Each workload's own value checks (ranges, choices, what the guest OS allows), for every
+    guest OS and vCPU count the matrix has, so a bad value stops here, before anything is made."""
+    from lab import plan
+    from lab.errors import UsageError
+    from lab.workloads import WorkloadContext
+
+    combos = sorted({(KNOWN_IMAGES[c.image], c.vcpus) for c in plan.cells(cfg)})
+    for wl in dict.fromkeys([*cfg.suite.workloads, *cfg.suite.params]):
+        check = getattr(known[wl], "params", None)
+        if check is None:
+            continue
+        given = cfg.suite.params.get(wl, {})
+        for os_name, vcpus in combos:
+            ctx = WorkloadContext(guest=None, client=None, os=os_name, vcpus=vcpus,
+                                  params={**getattr(known[wl], "defaults", {}), **given})
+            try:
+                check(ctx)
+            except UsageError as exc:
+                problem = exc.message.removeprefix(f"{wl}: ")
+                key = problem.split(" ", 1)[0]
+                if key in given:
+                    raise ConfigError(src, f"suite.params.{wl}.{key}", given[key],
+                                      f"{problem} (guest OS {os_name})") from None
+                raise ConfigError(src, f"suite.params.{wl}", given or None, f"{problem} (guest OS {os_name})") from None
 
 
 def backend_nic_models(backend: str) -> frozenset[NicModel]:
