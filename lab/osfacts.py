@@ -43,11 +43,32 @@ _LINUX_DRV = {NicModel.VIRTIO: "virtio_net", NicModel.E1000: "e1000", NicModel.E
 
 _BSD_CPU = "sysctl -n kern.cp_time"
 
+# The bare-metal cell (lab.baremetal): the CPU time of the cell's own cgroup as a /proc/stat
+# line, so the busy % counts the machine-under-test side only, not the load generator that runs on
+# the same host. Microseconds: user and system from the cgroup (v2 cpu.stat, which the kernel keeps
+# monotonic; v1 cpuacct.usage_user/usage_sys, tick-granular), idle = wall time since LAB_T0 x CPUs
+# - busy. The wall clock is read first, the counters after. Without a cgroup: the whole host's.
+BARE_METAL_TICKS = (
+    'w=$(( ($(date +%s%N) - LAB_T0) / 1000 )); '
+    'if [ -r "$LAB_CGROUP/cpu.stat" ]; then '
+    'u=$(sed -n "s/^user_usec //p" "$LAB_CGROUP/cpu.stat"); s=$(sed -n "s/^system_usec //p" "$LAB_CGROUP/cpu.stat"); '
+    'elif [ -r "$LAB_CGROUP/cpuacct.usage_user" ]; then '
+    'u=$(( $(cat "$LAB_CGROUP/cpuacct.usage_user") / 1000 )); s=$(( $(cat "$LAB_CGROUP/cpuacct.usage_sys") / 1000 )); '
+    'else exec head -n1 /proc/stat; fi; '
+    'i=$(( w * $(nproc) - u - s )); [ "$i" -lt 0 ] && i=0; echo "cpu $u 0 $s $i 0 0 0 0"'
+)
+
 OSES: dict[str, OsFacts] = {
     "debian": OsFacts(
         name="debian", family="linux", nic_device=_LINUX_NIC, nic_driver=_LINUX_DRV,
         packages={"sysbench": "sysbench", "iperf3": "iperf3", "nginx": "nginx-light", "git": "git",
                   "curl": "curl", "podman": "podman"},
+    ),
+    # Not an image: the host itself, as the bare-metal cell sees it (lab.baremetal).
+    "bare-metal": OsFacts(
+        name="bare-metal", family="linux", nic_device=_LINUX_NIC, nic_driver=_LINUX_DRV,
+        packages={"sysbench": "sysbench", "iperf3": "iperf3", "nginx": "nginx-light", "curl": "curl"},
+        cpu_ticks_cmd=BARE_METAL_TICKS,
     ),
     "alpine": OsFacts(
         name="alpine", family="linux", nic_device=_LINUX_NIC, nic_driver=_LINUX_DRV,
