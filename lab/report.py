@@ -191,8 +191,17 @@ def _svg(fig: Figure, salt: str) -> str:
     return text
 
 
+# How many characters of x labels fit side by side under each panel before they must be rotated,
+# and how many bars leave room for a value above each.
+ROOM = {"main": (56, 10), "cpu": (24, 5)}
+
+
+def _crowded(cats: list[str], short: dict[str, str], panel: str) -> bool:
+    return sum(len(short.get(c, c)) + 2 for c in cats) > ROOM[panel][0]
+
+
 def _panel(ax, sides: list[RunData], cats: list[str], short: dict[str, str], workload: str, metric: str | None,
-           colours: tuple[str, ...], title: str, percent: bool) -> None:
+           colours: tuple[str, ...], title: str, percent: bool, panel: str = "main") -> None:
     """Bars at the median, min–max whiskers, a dot per repetition; one call per kind of mark (each
     matplotlib artist costs time to lay out, and a report has dozens of charts)."""
     width = 0.8 / len(sides)
@@ -221,8 +230,9 @@ def _panel(ax, sides: list[RunData], cats: list[str], short: dict[str, str], wor
                 target = flags if flagged else dots
                 target[0].append(x + (m - (k - 1) / 2) * step)
                 target[1].append(v)
-            ax.annotate(fmt(med), (x, max(values)), xytext=(0, 2), textcoords="offset points", ha="center",
-                        va="bottom", fontsize=7, color="#333333")
+            if len(cats) * len(sides) <= ROOM[panel][1]:  # a value above each bar, when they do not collide
+                ax.annotate(fmt(med), (x, max(values)), xytext=(0, 2), textcoords="offset points", ha="center",
+                            va="bottom", fontsize=7, color="#333333")
         if xs:
             ax.bar(xs, meds, width * 0.9, color=colours[j], edgecolor="none", zorder=2, label=f"{rd.side} {rd.run.id}")
             ax.errorbar(xs, meds, yerr=[los, his], fmt="none", ecolor="#333333", elinewidth=1, capsize=3, zorder=3)
@@ -231,7 +241,7 @@ def _panel(ax, sides: list[RunData], cats: list[str], short: dict[str, str], wor
         if flags[0]:
             ax.scatter(flags[0], flags[1], s=30, marker="x", color=FLAG_COLOUR, zorder=5, linewidths=1.5)
     ax.set_xticks(range(len(cats)))
-    long = max((len(short.get(c, c)) for c in cats), default=0) > 14 or len(cats) > 4
+    long = _crowded(cats, short, panel)
     ax.set_xticklabels([short.get(c, c) for c in cats], fontsize=8, rotation=25 if long else 0,
                        ha="right" if long else "center", rotation_mode="anchor")
     ax.set_xlim(-0.6, len(cats) - 0.4)
@@ -251,14 +261,14 @@ def chart(sides: list[RunData], cats: list[str], short: dict[str, str], workload
     """One figure: the metric by cell (per run) and, beside it, the matching guest CPU busy %."""
     variant = cpu_metric[len(results.CPU_METRIC) + 1:] if cpu_metric and cpu_metric != results.CPU_METRIC else ""
     cpu_title = "guest CPU busy %" + (f" ({variant})" if variant else "") if cpu_metric else "CPU not measured"
-    rotate = max((len(short.get(c, c)) for c in cats), default=0) > 14 or len(cats) > 4
+    rotate = _crowded(cats, short, "cpu")
     with matplotlib.rc_context({"svg.fonttype": "none", "text.parse_math": False, "font.size": 8}):
         fig = Figure(figsize=(7.2, 2.8 if rotate else 2.6))
         grid = fig.add_gridspec(1, 2, width_ratios=(2, 1), wspace=0.25)
         _panel(fig.add_subplot(grid[0, 0]), sides, cats, short, workload, metric, RUN_COLOURS, f"{metric} ({unit})",
                percent=unit == "%")
         _panel(fig.add_subplot(grid[0, 1]), sides, cats, short, workload, cpu_metric, CPU_COLOURS, cpu_title,
-               percent=True)
+               percent=True, panel="cpu")
         fig.subplots_adjust(left=0.08, right=0.99, top=0.88, bottom=0.25 if rotate else 0.12)
         return _svg(fig, salt)
 
