@@ -186,7 +186,7 @@ def test_comparison_table_verdicts_and_missing(versus):
     rows = re.findall(r'<tr class="([^"]*)" data-verdict="([^"]+)">(.*?)</tr>', table, re.S)
     verdict = {}
     for cls, v, body in rows:
-        cell = re.search(r'<td class="mono">([^<]+)</td>', body).group(1)
+        cell = re.search(r'<td class="mono[^"]*">([^<]+)</td>', body).group(1)
         metric = re.search(r'<span class="mono">([^<]+)</span>', body).group(1)
         verdict[(cell, metric)] = (v, cls.split()[0])
     assert verdict[("virtio", "throughput_mbit_s_tx")] == ("better", "better")
