@@ -369,18 +369,26 @@ def run_cell(ctx: RunContext, cell: plan.Cell, image, position: int, total: int,
             ctx.reporter.stage(cell, "teardown")
             if guest is not None:
                 guest.close()
-            if vm is not None:
-                try:
-                    backend.destroy(vm)
-                except LabError as exc:
-                    ctx.teardown_failures.append(str(exc))
-                    status, error = CellStatus.FAILED, f"teardown: {exc}"
-                else:
-                    store.release_lease(lease_id)
-            else:
-                store.release_lease(lease_id)
-            store.cell_update(rid, cell.id, status=status, error=error, facts=cell_facts, finished=True)
-            ctx.reporter.cell_finished(cell, status, error)
+            status, error = finish_cell(ctx, cell, backend, vm, lease_id, status, error, cell_facts)
+
+
+def finish_cell(ctx: RunContext, cell: plan.Unit, backend, vm: Vm | None, lease_id: int, status: str,
+                error: str | None, cell_facts: dict[str, Any]) -> tuple[str, str | None]:
+    """The end of a cell's life (in its `finally`): destroy what was made, release the lease only
+    then, record the outcome. A teardown failure fails the cell and, loudly, the run."""
+    if vm is not None:
+        try:
+            backend.destroy(vm)
+        except LabError as exc:
+            ctx.teardown_failures.append(str(exc))
+            status, error = CellStatus.FAILED, f"teardown: {exc}"
+        else:
+            ctx.store.release_lease(lease_id)
+    else:
+        ctx.store.release_lease(lease_id)
+    ctx.store.cell_update(ctx.run_id, cell.id, status=status, error=error, facts=cell_facts, finished=True)
+    ctx.reporter.cell_finished(cell, status, error)
+    return status, error
 
 
 def run_workloads(ctx: RunContext, cell: plan.Unit, guest, client, os_name: str, address: str,
@@ -502,18 +510,7 @@ def run_bare_metal(ctx: RunContext, cell: plan.BareMetalCell, position: int, tot
             if gone:
                 cell_facts["skipped_workloads"] = gone
             ctx.reporter.stage(cell, "teardown")
-            if bm is not None:
-                try:
-                    backend.destroy(bm.vm)
-                except LabError as exc:
-                    ctx.teardown_failures.append(str(exc))
-                    status, error = CellStatus.FAILED, f"teardown: {exc}"
-                else:
-                    store.release_lease(lease_id)
-            else:
-                store.release_lease(lease_id)
-            store.cell_update(rid, cell.id, status=status, error=error, facts=cell_facts, finished=True)
-            ctx.reporter.cell_finished(cell, status, error)
+            status, error = finish_cell(ctx, cell, backend, bm.vm if bm else None, lease_id, status, error, cell_facts)
 
 
 def verify(guest: Guest, facts: osfacts.OsFacts, spec: VmSpec) -> dict[str, Any]:
