@@ -155,20 +155,32 @@ def cli():
 def plan_cmd(config_path):
     """Show the matrix cells, what will be created, and an estimate of time."""
     cfg = config.load(config_path)
-    cells = plan.cells(cfg)
-    table = Table(title=f"{cfg.lab.name}: {len(cells)} cells", show_lines=False)
+    units = plan.units(cfg)
+    cells = [u for u in units if u.kind == "vm"]
+    table = Table(title=f"{cfg.lab.name}: {len(units)} cells", show_lines=False)
     for col in ("cell", "host", "image", "nic", "vcpus", "memory", "disk", "clone", "tuning"):
         table.add_column(col)
-    for c in cells:
-        table.add_row(c.id, c.host, c.image, c.nic.value, str(c.vcpus), f"{c.memory_mib} MiB", c.disk_bus.value,
-                      c.clone.value, c.tuning)
+    for c in units:
+        if c.kind == plan.BARE_METAL:
+            table.add_row(c.id, c.host, "the host itself (bare metal: the baseline)", "veth", "all", "", "", "", "as is")
+            continue
+        table.add_row(c.id + (" (A/A twin)" if c.replica != 1 else ""), c.host, c.image, c.nic.value, str(c.vcpus),
+                      f"{c.memory_mib} MiB", c.disk_bus.value, c.clone.value, c.tuning)
     out.print(table)
+    suite = cfg.suite
     backends = {cfg.hosts[h].backend for h in {c.host for c in cells}}
-    reps = cfg.suite.repetitions
-    out.print(f"creates: {len(cells)} VM(s), one at a time, each destroyed after its cell "
-              f"(backends: {', '.join(sorted(backends))}); the local backend also makes one network namespace")
-    out.print(f"workloads: {', '.join(cfg.suite.workloads)} × {reps} repetitions (+{cfg.suite.warmup} warm-up)")
-    out.print(f"estimated time: {_duration(runner.estimate_seconds(cfg, cells))}")
+    boots = len(plan.rounds(suite.repetitions, suite.repetitions_per_boot)) if suite.order == "interleaved" else 1
+    out.print(f"creates: {len(cells) * boots} VM(s), one at a time, each destroyed after its "
+              + (f"round ({boots} rounds)" if boots > 1 else "cell")
+              + f" (backends: {', '.join(sorted(backends)) or 'none'}); the local backend also makes one network "
+              "namespace" + (", and one namespace and cgroup for the bare-metal cell" if suite.bare_metal else ""))
+    reps = (f"{suite.repetitions}–{suite.max_repetitions} repetitions (until the 95 % CI is within "
+            f"±{suite.target_ci_pct:g} %" + (f" or {suite.max_seconds:g} s" if suite.max_seconds else "") + ")"
+            if suite.target_ci_pct is not None else f"{suite.repetitions} repetitions")
+    out.print(f"workloads: {', '.join(suite.workloads)} × {reps} (+{suite.warmup} warm-up per boot); "
+              f"order: {suite.order}" + (f", seed {suite.seed}" if suite.seed is not None else ", seed drawn and recorded"))
+    out.print(f"estimated time: {'at least ' if suite.target_ci_pct is not None else ''}"
+              f"{_duration(runner.estimate_seconds(cfg, units))}")
 
 
 def _install_signal_handlers():
