@@ -256,6 +256,11 @@ def _print_show(store: Store, run, everything: bool = False) -> None:
         out.print(f"order {sched.get('order')} (seed {sched.get('seed')}), {policy}, {sched.get('warmup')} warm-up"
                   + (f" per boot, {sched['repetitions_per_boot']} repetition(s) per boot" if "repetitions_per_boot" in sched
                      else ""), markup=False)
+    if run.manifest.get("rounds"):
+        executed = store.executions(run.id)
+        out.print(f"executed: {len(executed)} workload runs in {len(run.manifest['rounds'])} rounds: "
+                  + " | ".join(f"{i}: {' '.join(r)}" for i, r in enumerate(run.manifest["rounds"], start=1)),
+                  markup=False, soft_wrap=True)
     for c in cells:
         if c.status != "done":
             out.print(f"  {c.cell_id} {c.label}: [red]{c.status}[/]" + (f" at {c.stage}: {c.error}" if c.error else ""))

@@ -1,7 +1,7 @@
 """Pure: the repetition policy. How many measured repetitions a workload gets in a cell.
 
-Fixed n (`[suite] repetitions`), or adaptive (`target_ci_pct`): at least `repetitions`, then one
-more at a time until the 95 % bootstrap CI of the median (lab.stats.ci_width_ok) of every
+Fixed n (`[suite] repetitions`), or adaptive (`target_ci_pct`): at least `repetitions` (and at
+least ADAPTIVE_MIN_N before the CI counts), then one more at a time until the 95 % bootstrap CI of the median (lab.stats.ci_width_ok) of every
 throughput-like metric of the workload (higher is better, not flagged) lies within
 +-target_ci_pct % of its median, or a budget is spent: `max_repetitions`, or `max_seconds` of
 measured time (each cell and workload has its own budget). Why each one stopped is recorded in
@@ -21,6 +21,11 @@ from typing import Any, Iterable
 
 from lab import stats
 from lab.model import Sample
+
+# Below 5 repetitions the percentile bootstrap of a median is too narrow to steer by: at n = 3 it
+# is [min, max], which holds the true median only 75 % of the time, so a lucky tight trio would
+# stop the repetitions. Adaptive repetition therefore never stops on the CI before n = 5.
+ADAPTIVE_MIN_N = 5
 
 
 @dataclass
@@ -62,18 +67,18 @@ def stop_reason(suite: Any, tally: Tally, *, seed: int = 0) -> str | None:
         return f"fixed n = {suite.repetitions}" if tally.n >= suite.repetitions else None
     if tally.n < suite.repetitions:
         return None
+    if tally.n >= ADAPTIVE_MIN_N and not tally.values:
+        return f"no throughput-like metric to steer by; stopped at n = {tally.n}"
     target = suite.target_ci_pct / 100.0
-    if not tally.values:
-        return f"no throughput-like metric to steer by; stopped at the minimum n = {tally.n}"
     wide = [m for m, v in sorted(tally.values.items())
-            if not stats.ci_width_ok(v, target, seed=seed)]
-    if not wide:
+            if not stats.ci_width_ok(v, target, min_n=ADAPTIVE_MIN_N, seed=seed)]
+    if tally.n >= ADAPTIVE_MIN_N and not wide:
         return f"95 % CI of the median within ±{suite.target_ci_pct:g} % at n = {tally.n}"
+    still = f"CI still wider than ±{suite.target_ci_pct:g} % for {', '.join(wide) or 'every metric'}"
     if tally.n >= suite.max_repetitions:
-        return f"budget: {suite.max_repetitions} repetitions (CI still wider than ±{suite.target_ci_pct:g} % for {', '.join(wide)})"
+        return f"budget: {suite.max_repetitions} repetitions ({still})"
     if suite.max_seconds is not None and tally.seconds >= suite.max_seconds:
-        return (f"budget: {suite.max_seconds:g} s measured at n = {tally.n} "
-                f"(CI still wider than ±{suite.target_ci_pct:g} % for {', '.join(wide)})")
+        return f"budget: {suite.max_seconds:g} s measured at n = {tally.n} ({still})"
     return None
 
 

@@ -29,8 +29,8 @@ def test_bare_metal_rounds_adaptive_all_workloads(workdir, tmp_path):
     suite = """
 workloads = ["sysbench-cpu", "iperf3-tcp", "http", "https"]
 order = "interleaved"
-repetitions = 3
-repetitions_per_boot = 2
+repetitions = 5
+repetitions_per_boot = 3
 warmup = 1
 target_ci_pct = 100.0
 max_repetitions = 6
@@ -58,22 +58,23 @@ connections = [10]
     assert cell.facts["verified"]["vcpus"] == os.cpu_count() and cell.facts["verified"]["nic_driver"] == "veth"
     assert "cgroup" in cell.facts["cpu_accounting"] and "nginx" in cell.facts
     assert not cell.facts.get("skipped_workloads")
-    # adaptive with a wide target: the minimum n; 2 per boot -> two rounds, each with its warm-ups
+    # adaptive with a wide target: the minimum n; 3 per boot -> two rounds, each with its warm-ups
     n = {}
     for s in store.samples(run.id):
         n.setdefault((s.workload, s.metric), set()).add(s.repetition)
     assert {k: len(v) for k, v in n.items() if k[1].startswith(("events_per_s", "throughput", "requests"))} == {
-        ("sysbench-cpu", "events_per_s_1t"): 3, ("iperf3-tcp", "throughput_mbit_s_tx"): 3,
-        ("http", "requests_per_s_c10"): 3, ("https", "requests_per_s_c10"): 3}
+        ("sysbench-cpu", "events_per_s_1t"): 5, ("iperf3-tcp", "throughput_mbit_s_tx"): 5,
+        ("http", "requests_per_s_c10"): 5, ("https", "requests_per_s_c10"): 5}
     ex = store.executions(run.id)
     assert all(e.outcome == "ok" and e.finished_at and e.raw_id for e in ex)
     assert [(e.round, e.workload, e.repetition) for e in ex if e.workload == "iperf3-tcp"] == [
-        (1, "iperf3-tcp", -1), (1, "iperf3-tcp", 0), (1, "iperf3-tcp", 1), (2, "iperf3-tcp", -1), (2, "iperf3-tcp", 2)]
+        (1, "iperf3-tcp", -1), (1, "iperf3-tcp", 0), (1, "iperf3-tcp", 1), (1, "iperf3-tcp", 2),
+        (2, "iperf3-tcp", -1), (2, "iperf3-tcp", 3), (2, "iperf3-tcp", 4)]
     assert [e.seq for e in ex] == sorted(e.seq for e in ex)
     assert run.manifest["rounds"] == [["bm01"], ["bm01"]]
     assert run.manifest["schedule"]["order"] == "interleaved" and run.manifest["schedule"]["seed"] == run.seed
     stopped = run.manifest["repetitions"]["bm01"]
-    assert all(v["n"] == 3 and v["stopped"].startswith("95 % CI of the median within ±100 %") for v in stopped.values())
+    assert all(v["n"] == 5 and v["stopped"].startswith("95 % CI of the median within ±100 %") for v in stopped.values())
     assert {s.labels["round"] for s in store.samples(run.id)} == {1, 2}
     # CPU busy % of the cell's own cgroup: one sysbench thread is one CPU of the host's, whatever
     # else the machine runs
@@ -84,7 +85,7 @@ connections = [10]
     assert leftovers(workdir, run.id) == [] and cgroups_of(run.id) == []
     assert not any(ns.startswith(f"lab-{run.id}") for ns in local.list_netns())
     show = run_lab_cli("show", run.id, "-c", str(cfg))
-    assert show.returncode == 0 and "bare-metal" in show.stdout and "n = 3, 95 % CI" in show.stdout
+    assert show.returncode == 0 and "bare-metal" in show.stdout and "n = 5, 95 % CI" in show.stdout
 
 
 def test_adaptive_budget_and_kill_9_then_gc(workdir, tmp_path):

@@ -67,6 +67,12 @@ def test_adaptive_never_stops_before_the_minimum():
     s = suite(repetitions=6, target_ci_pct=50.0, max_repetitions=10)
     t = feed(schedule.Tally(), s, [100.0] * 20)  # constant: the CI is [100, 100] from n = 1
     assert t.n == 6
+    # nor on the CI before n = 5, whatever `repetitions` says: three lucky values are not precision
+    t3 = feed(schedule.Tally(), suite(repetitions=3, target_ci_pct=50.0), [100.0] * 20)
+    assert t3.n == schedule.ADAPTIVE_MIN_N == 5
+    # a budget below that still holds
+    t4 = feed(schedule.Tally(), suite(repetitions=3, target_ci_pct=50.0, max_repetitions=4), [100.0] * 20)
+    assert t4.n == 4 and t4.reason.startswith("budget: 4 repetitions")
 
 
 def test_adaptive_without_a_throughput_metric_stops_at_the_minimum():
@@ -77,7 +83,7 @@ def test_adaptive_without_a_throughput_metric_stops_at_the_minimum():
         t.update(s)
         if t.stopped:
             break
-    assert t.n == 3 and "no throughput-like metric" in t.reason
+    assert t.n == 5 and "no throughput-like metric" in t.reason  # the adaptive minimum
 
 
 def test_flagged_repetitions_do_not_steer():
