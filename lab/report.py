@@ -327,13 +327,14 @@ def _band(band: tuple[float, float] | None) -> str:
     return f"{fmt(band[0])} – {fmt(band[1])}" if band else "–"
 
 
-def _comparison(a: RunData, b: RunData, short: dict[str, str]) -> dict[str, Any]:
+def _comparison(a: RunData, b: RunData, short: dict[str, str], wl_order: dict[str, int]) -> dict[str, Any]:
     noise = _noise([a, b])
     rows = analysis.compare_sides(_side(a), _side(b), noise=noise).rows
     cat_order = {label: i for i, label in enumerate(short)}
     order = {True: 0, False: 1, None: 2}
     # Grouped like the charts: workload, then throughput-like metrics first, CPU last, cells in run order.
-    rows.sort(key=lambda r: (r.key[1], r.key[2].startswith(results.CPU_METRIC), order[r.higher_is_better],
+    rows.sort(key=lambda r: (wl_order.get(r.key[1], len(wl_order)), r.key[1], r.key[2].startswith(results.CPU_METRIC),
+                             order[r.higher_is_better],
                              r.key[2], cat_order.get(r.key[0], len(cat_order))))
     out = []
     counts: dict[str, int] = {}
@@ -362,7 +363,7 @@ def _comparison(a: RunData, b: RunData, short: dict[str, str]) -> dict[str, Any]
             "alpha": compare_mod.DEFAULT_ALPHA}
 
 
-def _overhead(rd: RunData, short: dict[str, str]) -> dict[str, Any] | None:
+def _overhead(rd: RunData, short: dict[str, str], wl_order: dict[str, int]) -> dict[str, Any] | None:
     """Every cell against the bare-metal cell of its host, if the run has one."""
     if not any(analysis.kind(c) == plan.BARE_METAL for c in rd.cells):
         return None
@@ -371,7 +372,8 @@ def _overhead(rd: RunData, short: dict[str, str]) -> dict[str, Any] | None:
     noise = _noise([rd])
     order = {True: 0, False: 1, None: 2}
     cat_order = {label: i for i, label in enumerate(short)}
-    found.sort(key=lambda o: (o.row.key[1], o.row.key[2].startswith(results.CPU_METRIC),
+    found.sort(key=lambda o: (wl_order.get(o.row.key[1], len(wl_order)), o.row.key[1],
+                              o.row.key[2].startswith(results.CPU_METRIC),
                               order[o.row.higher_is_better], o.row.key[2], cat_order.get(o.cell, len(cat_order))))
     rows, previous = [], None
     for o in found:
@@ -511,6 +513,7 @@ def render(store: Store, run_id: str, vs: str | None = None, *, generated_at: fl
 
     workloads: list[dict[str, Any]] = []
     wl_names = _workload_order(sides)
+    wl_rank = {w: i for i, w in enumerate(wl_names)}  # tables follow [suite] workloads, like the charts
     n_chart = 0
     for wl in wl_names:
         metrics: dict[str, results.Series] = {}
@@ -547,8 +550,8 @@ def render(store: Store, run_id: str, vs: str | None = None, *, generated_at: fl
         "runs": [_run_info(rd) for rd in sides],
         "short": [{"short": short.get(c, c), "label": c} for c in cats],
         "failed": failed,
-        "comparison": _comparison(sides[0], sides[1], short) if len(sides) > 1 else None,
-        "overhead": _overhead(sides[0], short),
+        "comparison": _comparison(sides[0], sides[1], short, wl_rank) if len(sides) > 1 else None,
+        "overhead": _overhead(sides[0], short, wl_rank),
         "workloads": workloads,
         "cells": [{"run": _run_info(rd), "rows": _cell_rows(rd, short)} for rd in sides],
         "hosts": _hosts(sides),
