@@ -155,6 +155,9 @@ def prepare(cfg: LabConfig) -> tuple[list[plan.Unit], dict[str, Any], dict[str, 
     for b in backends.values():
         b.check()
     imgs = {name: images.load(name) for name in sorted({c.image for c in cells if c.kind == "vm"})}
+    for host, b in backends.items():
+        if hasattr(b, "check_images"):  # e.g. Proxmox: a template per image on every node it may use
+            b.check_images([imgs[name] for name in sorted({c.image for c in cells if c.kind == "vm" and c.host == host})])
     return cells, imgs, backends
 
 
