@@ -129,6 +129,14 @@ class LocalBackend:
         return {"backend": self.name, "accel": self._accel.value if self._accel else None,
                 "qemu": qemu_version(), "kernel": platform.release()}
 
+    # -- images -------------------------------------------------------------------------------
+    def publish_image(self, image: ImageRef) -> str:
+        """`lab images publish NAME local`: copy the built image into this host's image store,
+        <workdir>/images/<name>/<sha256[:12]>/ (+ a `current` link), verified by sha256."""
+        from lab import images
+
+        return images.publish_local(image, self.workdir / "images")
+
     # -- accelerator ----------------------------------------------------------------------------
     def accel(self, image: ImageRef) -> Accel:
         if self._accel is None:

@@ -6,7 +6,7 @@ set -eu
 export LC_ALL=C
 # shellcheck source=/dev/null
 . /tmp/lab-facts.sh
-# shellcheck source=provision-common.sh
+# shellcheck source-path=SCRIPTDIR source=provision-common.sh
 . /tmp/lab-common.sh
 
 lab_pkgver() {

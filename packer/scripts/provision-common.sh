@@ -62,10 +62,14 @@ lab_ready_line() {
     printf 'printf '"'"'\\r\\n%%s\\r\\n'"'"' %s > %s\n' "$LAB_READY_MARKER" "$LAB_SERIAL"
 }
 
-# First line of a command's output, without what would break a JSON string.
+# First line of a command's output, without what would break a JSON string (control characters,
+# quotes, backslashes).
+lab_json_safe() {
+    # shellcheck disable=SC1003 # the tr set is control characters, ", backslash
+    tr -d '\000-\037"\\'
+}
 lab_first() {
-    # shellcheck disable=SC1003 # the tr set is ", backslash
-    "$@" 2>&1 | head -n 1 | tr -d '\r"\\'
+    "$@" 2>&1 | head -n 1 | lab_json_safe
 }
 
 # /etc/lab-image.json: what lab/images.py puts in the manifest. $1 = the OS version line; the OS
@@ -93,8 +97,7 @@ lab_report() {
         printf '  "packages": {'
         sep=""
         for pkg in $LAB_PACKAGES; do
-            # shellcheck disable=SC1003 # the tr set is ", backslash
-            printf '%s\n    "%s": "%s"' "$sep" "$pkg" "$(lab_pkgver "$pkg" | tr -d '"\\')"
+            printf '%s\n    "%s": "%s"' "$sep" "$pkg" "$(lab_pkgver "$pkg" | head -n 1 | lab_json_safe)"
             sep=","
         done
         printf '\n  },\n'
