@@ -601,3 +601,25 @@ def test_no_per_os_paths_outside_osfacts():
         text = path.read_text()
         offenders += [f"{path.name}: {n}" for n in needles if n in text]
     assert offenders == []
+
+
+def test_tuning_reads_sysctl_facts_from_osfacts():
+    from lab import tuning
+
+    # Alpine shares the Linux profile files; the watched keys come from osfacts, per OS.
+    assert tuning.render("alpine", "wan-16m") == tuning.render("debian", "wan-16m")
+    assert tuning.render("alpine", "wan-16m")["net.ipv4.tcp_congestion_control"] == "bbr"
+    assert tuning.render("openbsd", "wan-16m") is None  # no profile for it: the cell is n/a
+
+    class Guest:
+        def __init__(self):
+            self.commands = []
+
+        def run(self, command, timeout):
+            self.commands.append(command)
+            return type("R", (), {"stdout": "kern.ipc.maxsockbuf\t16777216\n"})()
+
+    g = Guest()
+    applied = tuning.apply(g, osfacts.facts("freebsd"), "default")
+    assert applied.applicable and applied.effective == {"kern.ipc.maxsockbuf": "16777216"}
+    assert all(k in g.commands[-1] for k in osfacts.facts("freebsd").sysctl_watched)
