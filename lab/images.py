@@ -640,17 +640,8 @@ def _accelerator() -> str:
 
 def _build_iso(r: IsoRecipe, work: Path, idir: Path, digest: str, say: Callable[[str], None],
                source: IsoSource) -> ImageRef:
-    t0 = time.monotonic()
-    stages: dict[str, float] = {}
-
-    def stage(label: str) -> None:
-        stages[label] = time.monotonic()
-        say(label)
-
-    _clean_workdir(work)
-    work.mkdir(parents=True)
-    key = ensure_key(idir)
-    pubkey = key.with_suffix(".pub").read_text().strip()
+    stage = _Stages(say)
+    key, pubkey = _fresh_workdir(work, idir)
 
     stage("answers: render the installer's answer files and the upload stage")
     render_answers(r.name, work / "http", pubkey)
@@ -686,8 +677,8 @@ def _build_iso(r: IsoRecipe, work: Path, idir: Path, digest: str, say: Callable[
         "name": r.name, "os": r.os, "release": r.release, "recipe_digest": digest,
         "recipe_version": RECIPE_VERSION, **_disk_facts(paths["disk"]),
         "built_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "build_seconds": round(time.monotonic() - t0, 1),
-        "stage_seconds": _stage_durations(stages, time.monotonic()),
+        "build_seconds": stage.total(),
+        "stage_seconds": stage.durations(),
         "kernel": guest.get("running_kernel", ""), "os_version": guest.get("os_version", ""),
         "tools": guest.get("tools", {}), "packages": guest.get("packages", {}),
         "boot": "disk", "serial": f.serial_device,
@@ -818,18 +809,9 @@ def build(name: str = "debian12", force: bool = False, progress: Progress = None
 
 
 def _build(r: Recipe, name: str, work: Path, idir: Path, digest: str, say: Callable[[str], None]) -> ImageRef:
-    t0 = time.monotonic()
-    stages: dict[str, float] = {}
-
-    def stage(label: str) -> None:
-        stages[label] = time.monotonic()
-        say(label)
-
-    _clean_workdir(work)
-    work.mkdir(parents=True)
+    stage = _Stages(say)
+    key, pubkey = _fresh_workdir(work, idir)
     rootfs = work / "rootfs"
-    key = ensure_key(idir)
-    pubkey = key.with_suffix(".pub").read_text().strip()
     mirrors = debian_mirrors(r.suite)
 
     stage("rootfs: mmdebstrap")
@@ -918,8 +900,8 @@ def _build(r: Recipe, name: str, work: Path, idir: Path, digest: str, say: Calla
         "virtual_size": vsize,
         "format": "qcow2",
         "built_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "build_seconds": round(time.monotonic() - t0, 1),
-        "stage_seconds": _stage_durations(stages, time.monotonic()),
+        "build_seconds": stage.total(),
+        "stage_seconds": stage.durations(),
         "kernel": kver,
         "kernels": guest.get("kernels", []),
         "debian_version": guest.get("debian_version", ""),
@@ -981,6 +963,33 @@ def _clean_workdir(work: Path) -> None:
         raise LabError(f"{work} still has mounts: {', '.join(left)}",
                        hint=f"unmount them (umount -R) and delete {work} by hand")
     shutil.rmtree(work)
+
+
+class _Stages:
+    """A build's stages: each announced to `say` as it starts, timed for the manifest."""
+
+    def __init__(self, say: Callable[[str], None]):
+        self.t0 = time.monotonic()
+        self.starts: dict[str, float] = {}
+        self.say = say
+
+    def __call__(self, label: str) -> None:
+        self.starts[label] = time.monotonic()
+        self.say(label)
+
+    def total(self) -> float:
+        return round(time.monotonic() - self.t0, 1)
+
+    def durations(self) -> dict[str, float]:
+        return _stage_durations(self.starts, time.monotonic())
+
+
+def _fresh_workdir(work: Path, idir: Path) -> tuple[Path, str]:
+    """An empty build/<name>/ and the lab key (private key path, public key line)."""
+    _clean_workdir(work)
+    work.mkdir(parents=True)
+    key = ensure_key(idir)
+    return key, key.with_suffix(".pub").read_text().strip()
 
 
 def _stage_durations(starts: dict[str, float], end: float) -> dict[str, float]:

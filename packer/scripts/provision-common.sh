@@ -62,6 +62,27 @@ lab_ready_line() {
     printf 'printf '"'"'\\r\\n%%s\\r\\n'"'"' %s > %s\n' "$LAB_READY_MARKER" "$LAB_SERIAL"
 }
 
+# An rc.d script (FreeBSD, NetBSD) that writes LAB-READY once sshd runs. $1 = how the system's rc.d
+# scripts load rc.subr, $2 = their rcvar, $3 = the provisioning script, for the comment.
+lab_rcd_ready() {
+    cat <<RCD
+#!/bin/sh
+# PROVIDE: lab_ready
+# REQUIRE: sshd LOGIN
+# lab: the golden image is ready for SSH ($3)
+$1
+name=lab_ready
+rcvar=$2
+start_cmd=lab_ready_start
+stop_cmd=:
+lab_ready_start() {
+    $(lab_ready_line)
+}
+load_rc_config \$name
+run_rc_command "\$1"
+RCD
+}
+
 # First line of a command's output, without what would break a JSON string (control characters,
 # quotes, backslashes).
 lab_json_safe() {

@@ -29,23 +29,7 @@ grep -q '^PermitRootLogin prohibit-password' /etc/ssh/sshd_config || lab_die "ss
 # nginx, the site, the certificate; services at boot; LAB-READY once sshd is up.
 lab_nginx_site
 sysrc nginx_enable=YES qemu_guest_agent_enable=YES >/dev/null
-cat > /usr/local/etc/rc.d/lab_ready <<RCD
-#!/bin/sh
-# PROVIDE: lab_ready
-# REQUIRE: sshd LOGIN
-# KEYWORD: nojail
-# lab: the golden image is ready for SSH (packer/scripts/provision-freebsd.sh)
-. /etc/rc.subr
-name=lab_ready
-rcvar=lab_ready_enable
-start_cmd=lab_ready_start
-stop_cmd=:
-lab_ready_start() {
-    $(lab_ready_line)
-}
-load_rc_config \$name
-run_rc_command "\$1"
-RCD
+lab_rcd_ready '. /etc/rc.subr' lab_ready_enable provision-freebsd.sh > /usr/local/etc/rc.d/lab_ready
 chmod 555 /usr/local/etc/rc.d/lab_ready
 sysrc lab_ready_enable=YES >/dev/null
 service nginx restart >/dev/null

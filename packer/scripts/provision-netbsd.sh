@@ -31,22 +31,8 @@ grep -q '^dhcpcd=YES' /etc/rc.conf || lab_die "dhcpcd is not enabled"
 cp /usr/pkg/share/examples/rc.d/nginx /etc/rc.d/nginx
 chmod 555 /etc/rc.d/nginx
 lab_nginx_site
-cat > /etc/rc.d/lab_ready <<RCD
-#!/bin/sh
-# PROVIDE: lab_ready
-# REQUIRE: sshd LOGIN
-# lab: the golden image is ready for SSH (packer/scripts/provision-netbsd.sh)
-\$_rc_subr_loaded . /etc/rc.subr
-name=lab_ready
-rcvar=\$name
-start_cmd=lab_ready_start
-stop_cmd=:
-lab_ready_start() {
-    $(lab_ready_line)
-}
-load_rc_config \$name
-run_rc_command "\$1"
-RCD
+# shellcheck disable=SC2016 # rc.subr's own guard, written as is
+lab_rcd_ready '$_rc_subr_loaded . /etc/rc.subr' '$name' provision-netbsd.sh > /etc/rc.d/lab_ready
 chmod 555 /etc/rc.d/lab_ready
 printf 'nginx=YES\nlab_ready=YES\n' >> /etc/rc.conf
 /etc/rc.d/nginx restart >/dev/null 2>&1 || /etc/rc.d/nginx start >/dev/null
