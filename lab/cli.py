@@ -128,14 +128,17 @@ results_option = click.option("--results", "results_dir", default=None, type=cli
                               help="results directory (default: [lab] results in lab.toml)")
 
 
+def _results_dir(config_path: str, results_dir: str | None) -> Path:
+    if results_dir:
+        return Path(results_dir)
+    if Path(config_path).exists():
+        return config.load(config_path).results_dir
+    return Path("results")
+
+
 def _store(config_path: str, results_dir: str | None) -> Store:
     """The store of an existing results directory (reading commands never create one)."""
-    if results_dir:
-        where = Path(results_dir)
-    elif Path(config_path).exists():
-        where = config.load(config_path).results_dir
-    else:
-        where = Path("results")
+    where = _results_dir(config_path, results_dir)
     if not (where / Store.FILENAME).exists():
         raise UsageError(f"no runs in {where} (no {Store.FILENAME}); `lab run` makes one")
     return Store(where)
@@ -211,7 +214,11 @@ def run_cmd(config_path, run_id, resume):
 @results_option
 def ls_cmd(config_path, results_dir):
     """List stored runs."""
-    store = _store(config_path, results_dir)
+    where = _results_dir(config_path, results_dir)
+    if not (where / Store.FILENAME).exists():
+        out.print(f"no runs in {where} yet; `lab run` makes one", markup=False)  # an answer, not an error
+        return
+    store = Store(where)
     table = Table()
     for col in ("run", "name", "started", "duration", "status", "cells", "samples"):
         table.add_column(col)

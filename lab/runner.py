@@ -127,10 +127,11 @@ def _import_backend(name: str) -> None:
 def prepare(cfg: LabConfig) -> tuple[list[plan.Cell], dict[str, Any], dict[str, Any]]:
     """Everything that can fail before anything is created: cells, images, backends' checks."""
     cells = plan.cells(cfg)
-    imgs = {name: images.load(name) for name in sorted({c.image for c in cells})}
+    # Secrets and hosts first: a wrong token or an unreachable host is the first thing to fix.
     backends = build_backends(cfg, {c.host for c in cells})
     for b in backends.values():
         b.check()
+    imgs = {name: images.load(name) for name in sorted({c.image for c in cells})}
     return cells, imgs, backends
 
 

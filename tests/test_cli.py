@@ -60,6 +60,10 @@ def test_unknown_run_and_unknown_command(tmp_path):
     res = run_lab_cli("show", "nope", "-c", str(tmp_path / "lab.toml"), cwd=tmp_path)
     _one_line_exit_2(res, "no runs")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["lab.toml"]
+    # Listing no runs is an empty answer, not an error, and creates no store either.
+    res = run_lab_cli("ls", "-c", str(tmp_path / "lab.toml"), cwd=tmp_path)
+    assert res.returncode == 0 and "no runs in" in res.stdout, (res.returncode, res.stdout, res.stderr)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["lab.toml"]
     res = run_lab_cli("frobnicate", cwd=tmp_path)
     assert res.returncode == 2 and "Traceback" not in res.stderr
 
