@@ -253,7 +253,8 @@ def manifest_path(name: str, images_dir: Path | None = None) -> Path:
 
 
 def _not_built(name: str) -> UsageError:
-    return UsageError(f"image {name!r} is not built: run `make images`")
+    how = "make images" if name == "debian12" else f"lab images build {name}"
+    return UsageError(f"image {name!r} is not built: run `{how}`")
 
 
 def load(name: str, images_dir: Path | None = None) -> ImageRef:

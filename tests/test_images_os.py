@@ -623,3 +623,18 @@ def test_tuning_reads_sysctl_facts_from_osfacts():
     applied = tuning.apply(g, osfacts.facts("freebsd"), "default")
     assert applied.applicable and applied.effective == {"kern.ipc.maxsockbuf": "16777216"}
     assert all(k in g.commands[-1] for k in osfacts.facts("freebsd").sysctl_watched)
+
+
+def test_an_unbuilt_iso_image_says_how_to_build_it(tmp_path):
+    with pytest.raises(UsageError) as err:
+        images.load("netbsd10", images_dir=tmp_path)
+    assert str(err.value) == "image 'netbsd10' is not built: run `lab images build netbsd10`"
+
+
+def test_local_backend_refuses_a_disk_boot_image_with_one_line():
+    from lab.backends.local import boot_files
+
+    ref = images.ImageRef("freebsd14", "freebsd", Path("/nonexistent/freebsd14.qcow2"), "d", "s",
+                          manifest={"boot": "disk", "paths": {"disk": "freebsd14.qcow2"}})
+    with pytest.raises(UsageError, match="boots from its disk"):
+        boot_files(ref)

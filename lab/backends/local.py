@@ -361,6 +361,9 @@ class LocalBackend:
 
 def boot_files(image: ImageRef) -> tuple[Path, Path, str]:
     m = image.manifest
+    if m.get("boot") == "disk":  # the ISO-installed images (images/README.md): no kernel to boot directly
+        raise UsageError(f"image {image.name!r} boots from its disk: the local backend boots images by direct "
+                         f"kernel boot only", hint="run it on a libvirt or proxmox host")
     base = image.path.parent
     paths = m.get("paths", {})
     kernel = base / paths.get("kernel", f"{image.name}/vmlinuz")
