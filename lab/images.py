@@ -862,7 +862,8 @@ def _build(r: Recipe, name: str, work: Path, idir: Path, digest: str, say: Calla
              "initrd": work / "initrd.img", "cmdline": r.cmdline, "ssh_key": key,
              "stage_dir": work / "stage", "report_out": report,
              "console_log": work / "packer-console.log", "disk_size": f"{r.disk_mib}M"}
-    argv = ["packer", "build", "-color=false", "-on-error=cleanup",
+    # Only the qemu source: the template's proxmox-iso source builds on a PVE node, by hand.
+    argv = ["packer", "build", "-color=false", "-on-error=cleanup", f"-only=qemu.{name}",
             *[a for k, v in pvars.items() for a in ("-var", f"{k}={v}")],
             lab.PACKER_DIR / r.packer_template]
     penv = {"CHECKPOINT_DISABLE": "1", "PACKER_CACHE_DIR": str(work / "packer-cache"),

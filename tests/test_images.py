@@ -59,6 +59,13 @@ def test_packer_validate_catches_a_broken_template(tmp_path):
     assert "accelerator" in (res.stdout + res.stderr)
 
 
+def test_debian_build_selects_the_qemu_source():
+    # The template also has a proxmox-iso source that needs a PVE node: the local build must not run it.
+    import inspect
+
+    assert '"-only=qemu.{name}"' in inspect.getsource(images._build).replace("f\"-only", "\"-only")
+
+
 def test_packer_template_keeps_the_build_contract():
     text = (lab.PACKER_DIR / images.DEBIAN12.packer_template).read_text()
     for needle in ('disk_image       = true', 'use_backing_file = false', '"-kernel"', '"-initrd"',
