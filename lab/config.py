@@ -8,6 +8,7 @@ only when a backend is built, and never puts the value in an error.
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
@@ -44,13 +45,19 @@ class LocalHost(_Strict):
     boot_timeout: float = Field(default=240.0, gt=0, le=3600)
 
 
+PVE_NODE = r"^[a-zA-Z0-9]([a-zA-Z0-9\-]*[a-zA-Z0-9])?$"  # PVE's pve-node format
+
+
 class ProxmoxHost(_Strict):
     backend: Literal["proxmox"]
     url: str
-    node: str
+    node: str  # holds the template; publish puts it there
+    nodes: list[str] | None = None  # where clones may run (default: [node])
+    placement: Literal["pack", "spread"] = "pack"
     storage: str = "local-lvm"
+    import_storage: str = "local"
     bridge: str = "vmbr0"
-    template: str | int = "lab-debian12"
+    template: str | int = "lab-{image}"
     token: str | None = None  # "env:NAME" or "file:/path", never the secret itself
     user: str | None = None
     password: str | None = None  # "env:NAME" or "file:/path"
@@ -61,12 +68,49 @@ class ProxmoxHost(_Strict):
     ci_user: str = "lab"
     ssh_keys: str | list[str] | None = None  # default: the lab key of images/
     client_address: str = ""
+    client_netns: str = ""  # load generators and SSH run in this network namespace of this machine
+    addresses: str = ""  # static guest addresses (cloud-init): "FIRST-LAST" or a CIDR; "" = DHCP
     gateway: str = ""
     prefix_len: int = Field(default=24, ge=8, le=30)
-    timeouts: dict[Literal["http", "clone", "config", "start", "stop", "destroy", "ready", "agent"],
+    guest_agent: bool = True
+    node_ssh: str = ""  # ssh destination of the node for the ARP fallback, e.g. "root@pve1"
+    timeouts: dict[Literal["http", "clone", "config", "start", "stop", "destroy", "ready", "agent", "publish"],
                    Annotated[float, Field(gt=0, le=86400)]] = {}
     lock_retries: int = Field(default=6, ge=0, le=100)
     retry_backoff: float = Field(default=2.0, gt=0, le=300)
+
+    @field_validator("node")
+    @classmethod
+    def _node(cls, v: str) -> str:
+        if not re.fullmatch(PVE_NODE, v):
+            raise ValueError("is not a PVE node name (letters, digits and inner dashes)")
+        return v
+
+    @field_validator("nodes")
+    @classmethod
+    def _nodes(cls, v: list[str] | None) -> list[str] | None:
+        for n in v or []:
+            if not re.fullmatch(PVE_NODE, n):
+                raise ValueError(f"{n!r} is not a PVE node name (letters, digits and inner dashes)")
+        if v is not None and not v:
+            raise ValueError("must list at least one node (or leave it out: the `node` alone)")
+        if v is not None and len(set(v)) != len(v):
+            raise ValueError("lists a node twice")
+        return v
+
+    @field_validator("addresses")
+    @classmethod
+    def _addresses(cls, v: str) -> str:
+        if v:
+            from lab.backends.proxmox import _address_pool
+            from lab.errors import UsageError
+
+            try:
+                if not _address_pool(v, "addresses"):
+                    raise ValueError("holds no address")
+            except UsageError:
+                raise ValueError('must be a range "10.0.0.100-10.0.0.150" or a CIDR "10.0.0.96/27"') from None
+        return v
 
     @field_validator("url")
     @classmethod

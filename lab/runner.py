@@ -132,6 +132,9 @@ def prepare(cfg: LabConfig) -> tuple[list[plan.Cell], dict[str, Any], dict[str, 
     for b in backends.values():
         b.check()
     imgs = {name: images.load(name) for name in sorted({c.image for c in cells})}
+    for host, b in backends.items():
+        if hasattr(b, "check_images"):  # e.g. Proxmox: a template per image on every node it may use
+            b.check_images([imgs[name] for name in sorted({c.image for c in cells if c.host == host})])
     return cells, imgs, backends
 
 
