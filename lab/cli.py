@@ -21,7 +21,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from lab import __version__, config, images, plan, results, runner
+from lab import PACKER_DIR, __version__, config, images, plan, results, runner
 from lab.errors import LabError, UsageError
 from lab.store import Store
 
@@ -528,30 +528,99 @@ def snapshot_cmd(host, config_path, results_dir, as_json):
 
 @cli.group("images")
 def images_cmd():
-    """Golden images: build and list."""
+    """Golden images: build, list, render the answer files, publish."""
 
 
 @images_cmd.command("build")
 @click.argument("name", default="debian12")
 @click.option("--force", is_flag=True, help="rebuild even if the recipe is unchanged")
-def images_build(name, force):
+@click.option("--iso", "iso", default=None, metavar="PATH",
+              help="ISO-installed images: a local copy of the installer ISO (default: images/iso/<file>, "
+                   "else the mirror)")
+@click.option("--iso-checksum", "iso_checksum", default=None, metavar="SUM",
+              help="sha256:HEX, sha512:HEX or file:PATH for --iso (default: the release's checksum file)")
+def images_build(name, force, iso, iso_checksum):
+    """Build a golden image (Debian from packages; the others from their installer ISO)."""
     started = time.monotonic()
-    ref = images.build(name, force=force, progress=lambda stage: err.print(
+    ref = images.build(name, force=force, iso=iso, iso_checksum=iso_checksum, progress=lambda stage: err.print(
         f"[{_duration(time.monotonic() - started)}] {name}: {stage}", markup=False))
     out.print(f"{ref.name}: {ref.path} (recipe {ref.digest[:12]}, sha256 {ref.sha256[:12]})", markup=False)
 
 
+def _short_version(line: str) -> str:
+    """The version in a tool's `--version` line: 'nginx version: nginx/1.22.1' -> '1.22.1'."""
+    import re
+
+    m = re.search(r"\d+(?:\.\d+)+[\w.+~-]*", line)
+    return m.group(0) if m else line
+
+
+def _age(seconds: float | None) -> str:
+    if seconds is None:
+        return "–"
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.0f}{unit}"
+    return f"{seconds:.0f}s"
+
+
 @images_cmd.command("ls")
-def images_ls():
+@click.option("--json", "as_json", is_flag=True)
+def images_ls(as_json):
+    """Every image the lab knows, built or not: state, recipe digest, age, tool versions."""
+    rows = images.status()
+    if as_json:
+        click.echo(json.dumps(rows, indent=2, sort_keys=True))
+        return
     table = Table()
-    for col in ("image", "os", "recipe", "sha256", "built", "tools"):
+    for col in ("image", "os", "state", "recipe", "built from", "age", "size", "tools"):
         table.add_column(col)
-    for ref in images.list_images():
-        m = ref.manifest
-        built = m.get("built_at", "")
-        tools = ", ".join(f"{k} {v}" for k, v in sorted(m.get("tools", {}).items()))
-        table.add_row(ref.name, ref.os, ref.digest[:12], ref.sha256[:12], str(built), tools)
+    for r in rows:
+        tools = ", ".join(f"{k} {_short_version(v)}" for k, v in sorted(r["tools"].items()) if v)
+        size = f"{r['size'] / 2**20:.0f} MiB" if r["size"] else "–"
+        style = {"built": "green", "outdated": "yellow"}.get(r["state"], "dim")
+        table.add_row(r["name"], f"{r['os']} {r['release']}", f"[{style}]{r['state']}[/]", r["recipe_digest"][:12],
+                      r["built_digest"][:12] or "–", _age(r["age_s"]), size, tools or "–")
     out.print(table)
+
+
+@images_cmd.command("render")
+@click.argument("name")
+@click.argument("directory", type=click.Path(file_okay=False))
+def images_render(name, directory):
+    """Write NAME's answer files (DIRECTORY/http) and upload stage (DIRECTORY/stage), e.g. for a
+    hand-run `packer build -only=proxmox-iso.NAME`."""
+    where = Path(directory)
+    r = images.recipe(name)
+    key = images.ensure_key()
+    images.render_answers(name, where / "http", key.with_suffix(".pub").read_text().strip())
+    if r.kind == "iso":
+        images.render_upload(name, where / "stage")
+    else:
+        images.render_stage(name, where / "stage")
+    out.print(f"{name}: answers in {where / 'http'}, upload stage in {where / 'stage'}", markup=False)
+    out.print(f"PKR_VAR_proxmox_token=... packer build -only=proxmox-iso.{name} -var http_dir={where / 'http'} "
+              f"-var stage_dir={where / 'stage'} -var ssh_key={key} -var proxmox_url=... -var proxmox_node=... "
+              f"{PACKER_DIR / r.packer_template}", markup=False, soft_wrap=True)
+
+
+@images_cmd.command("publish")
+@click.argument("name")
+@click.argument("host")
+@config_option
+def images_publish(name, host, config_path):
+    """Publish a built image to HOST: a Proxmox template, a bhyve host's ZFS dataset, or the local store."""
+    cfg = config.load(config_path) if Path(config_path).exists() else config.parse({}, config_path)
+    if host not in cfg.hosts:
+        raise UsageError(f"{config_path}: no host {host!r}; defined hosts: {', '.join(sorted(cfg.hosts))}")
+    ref = images.load(name)
+    backend = runner.build_backends(cfg, {host})[host]
+    publish = getattr(backend, "publish_image", None)
+    if publish is None:
+        raise UsageError(f"host {host!r} (backend {backend.name}) cannot publish images: "
+                         f"its backend has no publish_image")
+    where = publish(ref)
+    out.print(f"{name} ({ref.sha256[:12]}) published on {host}: {where}", markup=False, soft_wrap=True)
 
 
 def main(argv: list[str] | None = None) -> None:

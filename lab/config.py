@@ -16,16 +16,11 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from lab.errors import ConfigError
+from lab.images import RECIPES
 from lab.model import CloneKind, DiskBus, NicModel
 
-# Known golden images and the OS each one is. Building them is lab.images' business.
-KNOWN_IMAGES: dict[str, str] = {
-    "debian12": "debian",
-    "alpine3": "alpine",
-    "freebsd14": "freebsd",
-    "netbsd10": "netbsd",
-    "openbsd7": "openbsd",
-}
+# Known golden images and the OS each one is: lab.images' recipes are the one list.
+KNOWN_IMAGES: dict[str, str] = {name: r.os for name, r in RECIPES.items()}
 
 SECRET_KEYS = ("token", "password")
 MAX_VCPUS = 128

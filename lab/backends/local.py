@@ -129,6 +129,14 @@ class LocalBackend:
         return {"backend": self.name, "accel": self._accel.value if self._accel else None,
                 "qemu": qemu_version(), "kernel": platform.release()}
 
+    # -- images -------------------------------------------------------------------------------
+    def publish_image(self, image: ImageRef) -> str:
+        """`lab images publish NAME local`: copy the built image into this host's image store,
+        <workdir>/images/<name>/<sha256[:12]>/ (+ a `current` link), verified by sha256."""
+        from lab import images
+
+        return images.publish_local(image, self.workdir / "images")
+
     # -- accelerator ----------------------------------------------------------------------------
     def accel(self, image: ImageRef) -> Accel:
         if self._accel is None:
@@ -366,6 +374,9 @@ class LocalBackend:
 
 def boot_files(image: ImageRef) -> tuple[Path, Path, str]:
     m = image.manifest
+    if m.get("boot") == "disk":  # the ISO-installed images (images/README.md): no kernel to boot directly
+        raise UsageError(f"image {image.name!r} boots from its disk: the local backend boots images by direct "
+                         f"kernel boot only", hint="run it on a libvirt or proxmox host")
     base = image.path.parent
     paths = m.get("paths", {})
     kernel = base / paths.get("kernel", f"{image.name}/vmlinuz")
