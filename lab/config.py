@@ -16,16 +16,11 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from lab.errors import ConfigError
+from lab.images import RECIPES
 from lab.model import CloneKind, DiskBus, NicModel
 
-# Known golden images and the OS each one is. Building them is lab.images' business.
-KNOWN_IMAGES: dict[str, str] = {
-    "debian12": "debian",
-    "alpine3": "alpine",
-    "freebsd14": "freebsd",
-    "netbsd10": "netbsd",
-    "openbsd7": "openbsd",
-}
+# Known golden images and the OS each one is: lab.images' recipes are the one list.
+KNOWN_IMAGES: dict[str, str] = {name: r.os for name, r in RECIPES.items()}
 
 SECRET_KEYS = ("token", "password")
 MAX_VCPUS = 128
@@ -175,14 +170,29 @@ class MatrixSection(_Strict):
 
 
 AXES = ("host", "image", "nic", "vcpus", "memory_mib", "disk_bus", "clone", "tuning")
+# Backends that can run the suite on the host itself (a bare-metal baseline cell, lab.baremetal):
+# the local one, where the host is this machine.
+BARE_METAL_BACKENDS = ("local",)
 
 
 class SuiteSection(_Strict):
     workloads: list[str] = ["sysbench-cpu", "iperf3-tcp"]
+    # Fixed n; with target_ci_pct, the minimum n before the CI is looked at.
     repetitions: int = Field(default=3, ge=1, le=1000)
-    warmup: int = Field(default=1, ge=0, le=100)
-    order: Literal["sequential", "random"] = "sequential"
+    warmup: int = Field(default=1, ge=0, le=100)  # per VM boot, discarded
+    # sequential: cells in matrix order; random: cells shuffled; interleaved: rounds in which
+    # every cell is booted, measured for repetitions_per_boot repetitions and destroyed, in a
+    # new shuffled order each round (lab.runner). The seed of every shuffle is recorded.
+    order: Literal["sequential", "random", "interleaved"] = "sequential"
     seed: int | None = None
+    repetitions_per_boot: int = Field(default=1, ge=1, le=1000)  # interleaved only
+    # Adaptive repetition: repeat until the 95 % CI of the median of every throughput-like metric
+    # is within +-target_ci_pct % of the median, or a budget is spent.
+    target_ci_pct: float | None = Field(default=None, gt=0, le=100)
+    max_repetitions: int = Field(default=30, ge=1, le=10000)  # adaptive budget per cell and workload
+    max_seconds: float | None = Field(default=None, gt=0, le=7 * 86400)  # likewise, measured time
+    bare_metal: bool = False  # add a cell that runs the suite on the (local) host itself
+    noise_floor: bool = False  # run the first cell twice (an A/A twin) to measure the noise floor
     params: dict[str, dict[str, Any]] = {}
 
 
@@ -320,8 +330,23 @@ def _check_references(cfg: LabConfig, data: dict[str, Any]) -> None:
                                   f"unknown axis; axes: {', '.join(AXES)}")
     from lab import plan
 
-    if not plan.cells(cfg):
+    if not plan.cells(cfg) and not cfg.suite.bare_metal:
         raise ConfigError(src, "matrix.exclude", cfg.matrix.exclude, "excludes every cell; nothing to run")
+    suite = cfg.suite
+    if suite.target_ci_pct is not None and suite.max_repetitions < suite.repetitions:
+        raise ConfigError(src, "suite.max_repetitions", suite.max_repetitions,
+                          f"is below suite.repetitions ({suite.repetitions}), the minimum of adaptive repetition")
+    if suite.repetitions_per_boot != 1 and suite.order != "interleaved":
+        raise ConfigError(src, "suite.repetitions_per_boot", suite.repetitions_per_boot,
+                          'only applies with suite.order = "interleaved"')
+    if suite.bare_metal:
+        hosts = [h for h in cfg.matrix.host if cfg.hosts[h].backend in BARE_METAL_BACKENDS]
+        if not hosts:
+            raise ConfigError(src, "suite.bare_metal", True,
+                              f"needs a host whose backend can run the suite on itself "
+                              f"({', '.join(BARE_METAL_BACKENDS)}); matrix.host has none")
+    if suite.noise_floor and not plan.cells(cfg):
+        raise ConfigError(src, "suite.noise_floor", True, "needs at least one VM cell to run twice")
     from lab.workloads import load_all
 
     known = load_all()
