@@ -101,7 +101,7 @@ def effective_tuning(bm: BareMetal) -> dict[str, Any]:
     """Nothing is applied on the host; what is in effect in the cell's namespace is recorded."""
     f = os_facts(OS)
     return {"profile": "host (unchanged)", "applicable": True, "reason": "",
-            "effective": tuning.read(bm.guest, f, tuning.WATCHED.get(f.family, []))}
+            "effective": tuning.read(bm.guest, f, list(f.sysctl_watched))}
 
 
 def nginx_binary() -> str | None:
