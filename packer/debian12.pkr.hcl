@@ -117,10 +117,6 @@ source "qemu" "debian12" {
   disk_size        = var.disk_size
   format           = "qcow2"
   disk_interface   = "virtio"
-  # Blocks freed during provisioning (podman import's temporary copy of the base image, dpkg's
-  # leftovers) are discarded by the final fstrim instead of staying allocated in the qcow2.
-  disk_discard       = "unmap"
-  disk_detect_zeroes = "unmap"
   net_device       = "virtio-net"
   accelerator      = "tcg"
   cpus             = 2
@@ -129,6 +125,12 @@ source "qemu" "debian12" {
   boot_wait        = "1ms"
   output_directory = var.output_dir
   vm_name          = "debian12.qcow2"
+
+  # Blocks freed during provisioning (podman import's temporary copy of the base image, dpkg's
+  # leftovers) are discarded by the final fstrim instead of staying allocated in the qcow2.
+  disk_discard       = "unmap"
+  disk_detect_zeroes = "unmap"
+
   qemuargs = [
     ["-machine", "pc,accel=tcg"],
     ["-bios", "/usr/share/qemu/qboot.rom"],

@@ -57,6 +57,7 @@ def fixtures(tmp_path_factory):
     stage = root / "stage"
     (stage / "site").mkdir(parents=True)
     (stage / "nginx.conf").write_text("events {}\n")
+    (stage / images.CONTAINER_TARBALL).write_bytes(b"")  # debian12 uploads the base container tarball
     sums = {}
     for name in ALL_IMAGES:
         iso = _defaults(name)["iso_url"].rsplit("/", 1)[-1]
