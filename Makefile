@@ -11,8 +11,9 @@ IMAGE ?= debian12
 
 # System packages (Debian 12). Each is there for a reason; see README.md "Dependencies".
 APT_PACKAGES := qemu-system-x86 qemu-utils mmdebstrap packer e2fsprogs iproute2 \
-	openssh-client openssl iperf3 wrk sysbench git curl python3-venv \
+	openssh-client openssl iperf3 wrk sysbench git curl zstd python3-venv \
 	libvirt-daemon-system libvirt-dev pkg-config gcc shellcheck xmlstarlet libxml2-utils \
+	nginx-light chromium \
 	dnsmasq-base udhcpc
 
 .PHONY: setup apt venv images run test test-fast bench lint clean gc doctor

@@ -21,7 +21,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from lab import __version__, config, images, plan, results, runner
+from lab import PACKER_DIR, __version__, config, images, plan, results, runner
 from lab.errors import LabError, UsageError
 from lab.store import Store
 
@@ -155,20 +155,32 @@ def cli():
 def plan_cmd(config_path):
     """Show the matrix cells, what will be created, and an estimate of time."""
     cfg = config.load(config_path)
-    cells = plan.cells(cfg)
-    table = Table(title=f"{cfg.lab.name}: {len(cells)} cells", show_lines=False)
+    units = plan.units(cfg)
+    cells = [u for u in units if u.kind == "vm"]
+    table = Table(title=f"{cfg.lab.name}: {len(units)} cells", show_lines=False)
     for col in ("cell", "host", "image", "nic", "vcpus", "memory", "disk", "clone", "tuning"):
         table.add_column(col)
-    for c in cells:
-        table.add_row(c.id, c.host, c.image, c.nic.value, str(c.vcpus), f"{c.memory_mib} MiB", c.disk_bus.value,
-                      c.clone.value, c.tuning)
+    for c in units:
+        if c.kind == plan.BARE_METAL:
+            table.add_row(c.id, c.host, "the host itself (bare metal: the baseline)", "veth", "all", "", "", "", "as is")
+            continue
+        table.add_row(c.id + (" (A/A twin)" if c.replica != 1 else ""), c.host, c.image, c.nic.value, str(c.vcpus),
+                      f"{c.memory_mib} MiB", c.disk_bus.value, c.clone.value, c.tuning)
     out.print(table)
+    suite = cfg.suite
     backends = {cfg.hosts[h].backend for h in {c.host for c in cells}}
-    reps = cfg.suite.repetitions
-    out.print(f"creates: {len(cells)} VM(s), one at a time, each destroyed after its cell "
-              f"(backends: {', '.join(sorted(backends))}); the local backend also makes one network namespace")
-    out.print(f"workloads: {', '.join(cfg.suite.workloads)} × {reps} repetitions (+{cfg.suite.warmup} warm-up)")
-    out.print(f"estimated time: {_duration(runner.estimate_seconds(cfg, cells))}")
+    boots = len(plan.rounds(suite.repetitions, suite.repetitions_per_boot)) if suite.order == "interleaved" else 1
+    out.print(f"creates: {len(cells) * boots} VM(s), one at a time, each destroyed after its "
+              + (f"round ({boots} rounds)" if boots > 1 else "cell")
+              + f" (backends: {', '.join(sorted(backends)) or 'none'}); the local backend also makes one network "
+              "namespace" + (", and one namespace and cgroup for the bare-metal cell" if suite.bare_metal else ""))
+    reps = (f"{suite.repetitions}–{suite.max_repetitions} repetitions (until the 95 % CI is within "
+            f"±{suite.target_ci_pct:g} %" + (f" or {suite.max_seconds:g} s" if suite.max_seconds else "") + ")"
+            if suite.target_ci_pct is not None else f"{suite.repetitions} repetitions")
+    out.print(f"workloads: {', '.join(suite.workloads)} × {reps} (+{suite.warmup} warm-up per boot); "
+              f"order: {suite.order}" + (f", seed {suite.seed}" if suite.seed is not None else ", seed drawn and recorded"))
+    out.print(f"estimated time: {'at least ' if suite.target_ci_pct is not None else ''}"
+              f"{_duration(runner.estimate_seconds(cfg, units))}")
 
 
 def _install_signal_handlers():
@@ -234,23 +246,43 @@ def ls_cmd(config_path, results_dir):
 def _print_show(store: Store, run, everything: bool = False) -> None:
     cells = store.cells(run.id)
     all_series = results.series(store.samples(run.id), cells)
-    rows = results.show_rows(all_series, everything=everything)
+    rows = results.show_rows(all_series, everything=everything, seed=run.seed or 0, spread=True)
     short = results.short_labels([c.label for c in cells])
     out.print(f"run [bold]{run.id}[/] ({run.name}), {run.status}")
+    sched = run.manifest.get("schedule") or {}
+    if sched:
+        policy = (f"adaptive: ±{sched['target_ci_pct']:g} % CI target, {sched['repetitions']}–{sched['max_repetitions']}"
+                  " repetitions" if sched.get("target_ci_pct") else f"{sched.get('repetitions')} repetitions")
+        out.print(f"order {sched.get('order')} (seed {sched.get('seed')}), {policy}, {sched.get('warmup')} warm-up"
+                  + (f" per boot, {sched['repetitions_per_boot']} repetition(s) per boot" if "repetitions_per_boot" in sched
+                     else ""), markup=False)
+    if run.manifest.get("rounds"):
+        executed = store.executions(run.id)
+        out.print(f"executed: {len(executed)} workload runs in {len(run.manifest['rounds'])} rounds: "
+                  + " | ".join(f"{i}: {' '.join(r)}" for i, r in enumerate(run.manifest["rounds"], start=1)),
+                  markup=False, soft_wrap=True)
     for c in cells:
         if c.status != "done":
             out.print(f"  {c.cell_id} {c.label}: [red]{c.status}[/]" + (f" at {c.stage}: {c.error}" if c.error else ""))
+        for wl, why in (c.facts.get("skipped_workloads") or {}).items():
+            out.print(f"  {c.cell_id} {short.get(c.label, c.label)}: {wl} skipped: {why}", markup=False)
+    stopped = run.manifest.get("repetitions") or {}
+    if sched.get("target_ci_pct"):
+        for cid, wls in stopped.items():
+            for wl, o in wls.items():
+                out.print(f"  {cid} {wl}: n = {o['n']}, {o['stopped']}", markup=False)
     by_wl: dict[str, list] = {}
     for row in rows:
         by_wl.setdefault(row.workload, []).append(row)
     for wl, wrows in by_wl.items():
         table = Table(title=wl, title_justify="left")
-        for col in ("cell", "metric", "median", "min–max", "n", "CPU busy %"):
+        for col in ("cell", "metric", "median", "95 % CI", "min–max", "CV", "n", "CPU busy %"):
             table.add_column(col, justify="right" if col not in ("cell", "metric") else "left")
         for r in wrows:
             metric = f"{r.metric} ({r.unit}) {r.direction}".rstrip()
             flag = f" [red]⚑{r.flagged}[/]" if r.flagged else ""
-            table.add_row(short.get(r.cell, r.cell), metric, _fmt(r.median) + flag, f"{_fmt(r.low)}–{_fmt(r.high)}",
+            table.add_row(short.get(r.cell, r.cell), metric, _fmt(r.median) + flag, f"{_fmt(r.ci_low)}–{_fmt(r.ci_high)}",
+                          f"{_fmt(r.low)}–{_fmt(r.high)}", "–" if r.cv is None else f"{r.cv * 100:.1f} %",
                           str(r.n), _fmt(r.cpu_busy))
         out.print(table)
 
@@ -288,35 +320,108 @@ def show_cmd(run_ref, config_path, results_dir, as_json, as_csv, everything):
 
 @cli.command("compare")
 @click.argument("run_a")
-@click.argument("run_b")
+@click.argument("run_b", required=False)
+@click.option("--a", "sel_a", multiple=True, metavar="AXIS=VALUE",
+              help="side A: only the cells of RUN_A with these axes (repeatable, or comma-separated)")
+@click.option("--b", "sel_b", multiple=True, metavar="AXIS=VALUE",
+              help="side B: only the cells of RUN_B (or of RUN_A when RUN_B is not given) with these axes")
+@click.option("--baseline", "baseline", default=None, is_flag=False, flag_value="kind=bare-metal",
+              metavar="[AXIS=VALUE]", help="every cell of RUN_A against the baseline cell of its host: "
+              "the bare-metal cell, or the cell these axes select")
+@click.option("--all", "everything", is_flag=True, help="every metric (CPU breakdowns, zero error counters)")
 @config_option
 @results_option
 @click.option("--json", "as_json", is_flag=True)
-def compare_cmd(run_a, run_b, config_path, results_dir, as_json):
-    """Two runs side by side: the same cells, ratio of medians (B/A), and a verdict per metric."""
-    from lab import compare as compare_mod
+def compare_cmd(run_a, run_b, sel_a, sel_b, baseline, everything, config_path, results_dir, as_json):
+    """Two runs, two hosts or any two cell selections side by side: ratio of medians (B/A) with
+    its 95 % CI, Mann-Whitney p, the A/A noise floor, a verdict per metric, and the host facts
+    that differ. `lab compare A B`, `lab compare RUN --a nic=virtio --b nic=e1000`,
+    `lab compare RUN --a host=pve1 --b host=bsd1`, `lab compare RUN --baseline`."""
+    from lab import analysis
 
     store = _store(config_path, results_dir)
-    ra, rb = store.run(run_a), store.run(run_b)
-    sides = []
-    for r in (ra, rb):
-        sides.append({s.key: compare_mod.MetricSeries(list(s.values), s.unit, s.higher_is_better)
-                      for s in results.series(store.samples(r.id), store.cells(r.id))
-                      if s.metric != results.CPU_METRIC})
-    rows = compare_mod.compare(sides[0], sides[1])
-    if as_json:
-        click.echo(json.dumps([r.__dict__ for r in rows], indent=2, default=str))
+    ra = store.run(run_a)
+    if baseline is not None:
+        if run_b or sel_a or sel_b:
+            raise UsageError("--baseline compares the cells of one run with its baseline cell; "
+                             "it takes no RUN_B, --a or --b")
+        _print_overheads(store, ra, analysis.parse_selector([baseline], "--baseline"), everything, as_json)
         return
-    table = Table(title=f"A = {ra.id}   B = {rb.id}", title_justify="left")
-    for col in ("cell", "workload", "metric", "median A", "median B", "B/A", "95 % CI", "p", "verdict"):
+    if run_b is None and not (sel_a or sel_b):
+        raise UsageError("lab compare needs two runs (A B), or --a/--b selections of one run's cells, or --baseline")
+    rb = store.run(run_b) if run_b else ra
+    sides = []
+    for r, sel, opt in ((ra, sel_a, "--a"), (rb, sel_b, "--b")):
+        selector = analysis.parse_selector(sel, opt)
+        sd = analysis.side(r.id, r.seed, store.cells(r.id), store.samples(r.id), store.host_facts(r.id), selector)
+        if not sd.cells:
+            raise UsageError(f"{opt} {','.join(sel)}: no cell of run {r.id} matches"
+                             f" (cells: {', '.join(c.label for c in store.cells(r.id))})")
+        sides.append(sd)
+    noise: dict = {}
+    for r in {ra.id: ra, rb.id: rb}.values():
+        for k, v in analysis.noise_floor(results.series(store.samples(r.id), store.cells(r.id)), seed=r.seed or 0).items():
+            noise[k] = analysis.widest(noise.get(k), v)
+    cmp = analysis.compare_sides(sides[0], sides[1], noise=noise, everything=everything)
+    if as_json:
+        click.echo(json.dumps({"a": {"run": ra.id, "selector": sides[0].selector},
+                               "b": {"run": rb.id, "selector": sides[1].selector},
+                               "rows": [r.__dict__ for r in cmp.rows],
+                               "host_differences": [dict(zip(("host", "fact", "a", "b"), d)) for d in cmp.host_diffs]},
+                              indent=2, default=str))
+        return
+    title = (f"A = {ra.id}" + (f" [{','.join(sel_a)}]" if sel_a else "")
+             + f"   B = {rb.id}" + (f" [{','.join(sel_b)}]" if sel_b else ""))
+    table = Table(title=title, title_justify="left")
+    for col in ("cell", "workload", "metric", "median A", "median B", "B/A", "95 % CI", "p", "A/A band", "verdict"):
         table.add_column(col, justify="left" if col in ("cell", "workload", "metric", "verdict") else "right")
-    short = results.short_labels(sorted({r.key[0] for r in rows}))
-    for r in rows:
+    short = results.short_labels(sorted({r.key[0] for r in cmp.rows}))
+    for r in cmp.rows:
         cell, wl, metric = r.key
         ci = f"{_fmt(r.ratio_ci[0])}–{_fmt(r.ratio_ci[1])}" if r.ratio_ci else "–"
-        style = {"better": "green", "worse": "red"}.get(r.verdict, "")
+        band = f"{_fmt(r.noise_band[0])}–{_fmt(r.noise_band[1])}" if r.noise_band else "–"
+        style = {"better": "green", "worse": "red"}.get(r.verdict, "yellow" if r.verdict.startswith("missing") else "")
         table.add_row(short.get(cell, cell), wl, f"{metric} ({r.unit})", _fmt(r.median_a), _fmt(r.median_b),
-                      _fmt(r.ratio), ci, _fmt(r.p_value), f"[{style}]{r.verdict}[/]" if style else r.verdict)
+                      _fmt(r.ratio), ci, _fmt(r.p_value), band, f"[{style}]{r.verdict}[/]" if style else r.verdict)
+    out.print(table)
+    if not cmp.noise:
+        out.print("A/A band: not measured ([suite] noise_floor = true runs the first cell twice to measure it)")
+    _print_host_diffs(cmp.host_diffs, ra.id == rb.id and not (set(sides[0].hosts) ^ set(sides[1].hosts)))
+
+
+def _print_host_diffs(diffs, same_run: bool) -> None:
+    if not diffs:
+        out.print("host facts: " + ("one run, the same hosts" if same_run else "no difference between the two sides"))
+        return
+    table = Table(title=f"host facts that differ ({len(diffs)})", title_justify="left")
+    for col in ("host", "fact", "A", "B"):
+        table.add_column(col)
+    for host, fact, va, vb in diffs:
+        table.add_row(host, fact, va, vb)
+    out.print(table)
+
+
+def _print_overheads(store: Store, run, selector: dict, everything: bool, as_json: bool) -> None:
+    from lab import analysis
+
+    cells = store.cells(run.id)
+    rows = analysis.overheads(cells, store.samples(run.id), selector, seed=run.seed or 0, everything=everything)
+    if as_json:
+        click.echo(json.dumps([{"cell": o.cell, "baseline": o.reference, "change_pct": o.change_pct,
+                                "change_ci_pct": o.change_ci_pct, **o.row.__dict__} for o in rows], indent=2, default=str))
+        return
+    short = results.short_labels([c.label for c in cells])
+    refs = sorted({short.get(o.reference, o.reference) for o in rows})
+    table = Table(title=f"run {run.id}: overhead vs {', '.join(refs) or 'baseline'} (change of the median, 95 % CI)",
+                  title_justify="left")
+    for col in ("cell", "workload", "metric", "baseline", "cell median", "change vs baseline", "p", "verdict"):
+        table.add_column(col, justify="left" if col in ("cell", "workload", "metric", "verdict") else "right")
+    for o in rows:
+        r = o.row
+        style = {"better": "green", "worse": "red"}.get(r.verdict, "")
+        table.add_row(short.get(o.cell, o.cell), r.key[1], f"{r.key[2]} ({r.unit})", _fmt(r.median_a), _fmt(r.median_b),
+                      analysis.fmt_change(o.change_pct, o.change_ci_pct), _fmt(r.p_value),
+                      f"[{style}]{r.verdict}[/]" if style else r.verdict)
     out.print(table)
 
 
@@ -391,9 +496,11 @@ def doctor_cmd(config_path):
 @cli.command("snapshot")
 @click.argument("host", default="local")
 @config_option
+@results_option
 @click.option("--json", "as_json", is_flag=True)
-def snapshot_cmd(host, config_path, as_json):
-    """Fingerprint of a host: CPU, microcode, kernel, hypervisor versions, mitigations."""
+def snapshot_cmd(host, config_path, results_dir, as_json):
+    """Fingerprint of a host (CPU, microcode, cores, governor, mitigations, kernel, hypervisor and
+    tool versions, NIC drivers, bridge MTUs), stored with the results; runs on the host link to it."""
     from lab import hostinfo
 
     cfg = config.load(config_path) if Path(config_path).exists() else config.parse({}, config_path)
@@ -401,46 +508,121 @@ def snapshot_cmd(host, config_path, as_json):
         raise UsageError(f"{config_path}: no host {host!r}; defined hosts: {', '.join(sorted(cfg.hosts))}")
     backend = runner.build_backends(cfg, {host})[host]
     facts = hostinfo.snapshot(host, backend)
-    facts["fingerprint"] = hostinfo.fingerprint(facts)
+    fp = hostinfo.fingerprint(facts)
+    store = Store(Path(results_dir) if results_dir else cfg.results_dir)
+    fid = store.save_host_facts(host, fp, facts)
+    runs = store.runs_of_host_facts(fid)
     if as_json:
-        click.echo(json.dumps(facts, indent=2, sort_keys=True, default=str))
+        click.echo(json.dumps({**facts, "fingerprint": fp, "stored_id": fid, "runs": runs},
+                              indent=2, sort_keys=True, default=str))
         return
-    table = Table(title=f"host {host}")
+    table = Table(title=f"host {host}: fingerprint {fp}")
     table.add_column("fact")
     table.add_column("value")
-    for k, v in facts.items():
-        if isinstance(v, dict):
-            v = "; ".join(f"{a}: {b}" for a, b in v.items())
-        table.add_row(k, str(v))
+    for k, v in hostinfo.flatten(facts).items():
+        table.add_row(k, v)
     out.print(table)
+    out.print(f"stored in {store.path} (host facts #{fid}); runs with this fingerprint: "
+              f"{', '.join(runs) if runs else 'none yet'}", markup=False, soft_wrap=True)
 
 
 @cli.group("images")
 def images_cmd():
-    """Golden images: build and list."""
+    """Golden images: build, list, render the answer files, publish."""
 
 
 @images_cmd.command("build")
 @click.argument("name", default="debian12")
 @click.option("--force", is_flag=True, help="rebuild even if the recipe is unchanged")
-def images_build(name, force):
+@click.option("--iso", "iso", default=None, metavar="PATH",
+              help="ISO-installed images: a local copy of the installer ISO (default: images/iso/<file>, "
+                   "else the mirror)")
+@click.option("--iso-checksum", "iso_checksum", default=None, metavar="SUM",
+              help="sha256:HEX, sha512:HEX or file:PATH for --iso (default: the release's checksum file)")
+def images_build(name, force, iso, iso_checksum):
+    """Build a golden image (Debian from packages; the others from their installer ISO)."""
     started = time.monotonic()
-    ref = images.build(name, force=force, progress=lambda stage: err.print(
+    ref = images.build(name, force=force, iso=iso, iso_checksum=iso_checksum, progress=lambda stage: err.print(
         f"[{_duration(time.monotonic() - started)}] {name}: {stage}", markup=False))
     out.print(f"{ref.name}: {ref.path} (recipe {ref.digest[:12]}, sha256 {ref.sha256[:12]})", markup=False)
 
 
+def _short_version(line: str) -> str:
+    """The version in a tool's `--version` line: 'nginx version: nginx/1.22.1' -> '1.22.1'."""
+    import re
+
+    m = re.search(r"\d+(?:\.\d+)+[\w.+~-]*", line)
+    return m.group(0) if m else line
+
+
+def _age(seconds: float | None) -> str:
+    if seconds is None:
+        return "–"
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.0f}{unit}"
+    return f"{seconds:.0f}s"
+
+
 @images_cmd.command("ls")
-def images_ls():
+@click.option("--json", "as_json", is_flag=True)
+def images_ls(as_json):
+    """Every image the lab knows, built or not: state, recipe digest, age, tool versions."""
+    rows = images.status()
+    if as_json:
+        click.echo(json.dumps(rows, indent=2, sort_keys=True))
+        return
     table = Table()
-    for col in ("image", "os", "recipe", "sha256", "built", "tools"):
+    for col in ("image", "os", "state", "recipe", "built from", "age", "size", "tools"):
         table.add_column(col)
-    for ref in images.list_images():
-        m = ref.manifest
-        built = m.get("built_at", "")
-        tools = ", ".join(f"{k} {v}" for k, v in sorted(m.get("tools", {}).items()))
-        table.add_row(ref.name, ref.os, ref.digest[:12], ref.sha256[:12], str(built), tools)
+    for r in rows:
+        tools = ", ".join(f"{k} {_short_version(v)}" for k, v in sorted(r["tools"].items()) if v)
+        size = f"{r['size'] / 2**20:.0f} MiB" if r["size"] else "–"
+        style = {"built": "green", "outdated": "yellow"}.get(r["state"], "dim")
+        table.add_row(r["name"], f"{r['os']} {r['release']}", f"[{style}]{r['state']}[/]", r["recipe_digest"][:12],
+                      r["built_digest"][:12] or "–", _age(r["age_s"]), size, tools or "–")
     out.print(table)
+
+
+@images_cmd.command("render")
+@click.argument("name")
+@click.argument("directory", type=click.Path(file_okay=False))
+def images_render(name, directory):
+    """Write NAME's answer files (DIRECTORY/http) and upload stage (DIRECTORY/stage), e.g. for a
+    hand-run `packer build -only=proxmox-iso.NAME`."""
+    where = Path(directory)
+    r = images.recipe(name)
+    key = images.ensure_key()
+    images.render_answers(name, where / "http", key.with_suffix(".pub").read_text().strip())
+    if r.kind == "iso":
+        images.render_upload(name, where / "stage")
+    else:
+        images.render_stage(name, where / "stage")
+        if getattr(r, "container", None) is not None:  # provisioning imports it into podman's store
+            images.stage_container_base(name, where / "stage", where / "container.log")
+    out.print(f"{name}: answers in {where / 'http'}, upload stage in {where / 'stage'}", markup=False)
+    out.print(f"PKR_VAR_proxmox_token=... packer build -only=proxmox-iso.{name} -var http_dir={where / 'http'} "
+              f"-var stage_dir={where / 'stage'} -var ssh_key={key} -var proxmox_url=... -var proxmox_node=... "
+              f"{PACKER_DIR / r.packer_template}", markup=False, soft_wrap=True)
+
+
+@images_cmd.command("publish")
+@click.argument("name")
+@click.argument("host")
+@config_option
+def images_publish(name, host, config_path):
+    """Publish a built image to HOST: a Proxmox template, a bhyve host's ZFS dataset, or the local store."""
+    cfg = config.load(config_path) if Path(config_path).exists() else config.parse({}, config_path)
+    if host not in cfg.hosts:
+        raise UsageError(f"{config_path}: no host {host!r}; defined hosts: {', '.join(sorted(cfg.hosts))}")
+    ref = images.load(name)
+    backend = runner.build_backends(cfg, {host})[host]
+    publish = getattr(backend, "publish_image", None)
+    if publish is None:
+        raise UsageError(f"host {host!r} (backend {backend.name}) cannot publish images: "
+                         f"its backend has no publish_image")
+    where = publish(ref)
+    out.print(f"{name} ({ref.sha256[:12]}) published on {host}: {where}", markup=False, soft_wrap=True)
 
 
 def main(argv: list[str] | None = None) -> None:

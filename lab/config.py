@@ -8,6 +8,7 @@ only when a backend is built, and never puts the value in an error.
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
@@ -15,16 +16,11 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from lab.errors import ConfigError
+from lab.images import RECIPES
 from lab.model import CloneKind, DiskBus, NicModel
 
-# Known golden images and the OS each one is. Building them is lab.images' business.
-KNOWN_IMAGES: dict[str, str] = {
-    "debian12": "debian",
-    "alpine3": "alpine",
-    "freebsd14": "freebsd",
-    "netbsd10": "netbsd",
-    "openbsd7": "openbsd",
-}
+# Known golden images and the OS each one is: lab.images' recipes are the one list.
+KNOWN_IMAGES: dict[str, str] = {name: r.os for name, r in RECIPES.items()}
 
 SECRET_KEYS = ("token", "password")
 MAX_VCPUS = 128
@@ -49,13 +45,19 @@ class LocalHost(_Strict):
     boot_timeout: float = Field(default=240.0, gt=0, le=3600)
 
 
+PVE_NODE = r"^[a-zA-Z0-9]([a-zA-Z0-9\-]*[a-zA-Z0-9])?$"  # PVE's pve-node format
+
+
 class ProxmoxHost(_Strict):
     backend: Literal["proxmox"]
     url: str
-    node: str
+    node: str  # holds the template; publish puts it there
+    nodes: list[str] | None = None  # where clones may run (default: [node])
+    placement: Literal["pack", "spread"] = "pack"
     storage: str = "local-lvm"
+    import_storage: str = "local"
     bridge: str = "vmbr0"
-    template: str | int = "lab-debian12"
+    template: str | int = "lab-{image}"
     token: str | None = None  # "env:NAME" or "file:/path", never the secret itself
     user: str | None = None
     password: str | None = None  # "env:NAME" or "file:/path"
@@ -66,12 +68,49 @@ class ProxmoxHost(_Strict):
     ci_user: str = "lab"
     ssh_keys: str | list[str] | None = None  # default: the lab key of images/
     client_address: str = ""
+    client_netns: str = ""  # load generators and SSH run in this network namespace of this machine
+    addresses: str = ""  # static guest addresses (cloud-init): "FIRST-LAST" or a CIDR; "" = DHCP
     gateway: str = ""
     prefix_len: int = Field(default=24, ge=8, le=30)
-    timeouts: dict[Literal["http", "clone", "config", "start", "stop", "destroy", "ready", "agent"],
+    guest_agent: bool = True
+    node_ssh: str = ""  # ssh destination of the node for the ARP fallback, e.g. "root@pve1"
+    timeouts: dict[Literal["http", "clone", "config", "start", "stop", "destroy", "ready", "agent", "publish"],
                    Annotated[float, Field(gt=0, le=86400)]] = {}
     lock_retries: int = Field(default=6, ge=0, le=100)
     retry_backoff: float = Field(default=2.0, gt=0, le=300)
+
+    @field_validator("node")
+    @classmethod
+    def _node(cls, v: str) -> str:
+        if not re.fullmatch(PVE_NODE, v):
+            raise ValueError("is not a PVE node name (letters, digits and inner dashes)")
+        return v
+
+    @field_validator("nodes")
+    @classmethod
+    def _nodes(cls, v: list[str] | None) -> list[str] | None:
+        for n in v or []:
+            if not re.fullmatch(PVE_NODE, n):
+                raise ValueError(f"{n!r} is not a PVE node name (letters, digits and inner dashes)")
+        if v is not None and not v:
+            raise ValueError("must list at least one node (or leave it out: the `node` alone)")
+        if v is not None and len(set(v)) != len(v):
+            raise ValueError("lists a node twice")
+        return v
+
+    @field_validator("addresses")
+    @classmethod
+    def _addresses(cls, v: str) -> str:
+        if v:
+            from lab.backends.proxmox import _address_pool
+            from lab.errors import UsageError
+
+            try:
+                if not _address_pool(v, "addresses"):
+                    raise ValueError("holds no address")
+            except UsageError:
+                raise ValueError('must be a range "10.0.0.100-10.0.0.150" or a CIDR "10.0.0.96/27"') from None
+        return v
 
     @field_validator("url")
     @classmethod
@@ -157,14 +196,29 @@ class MatrixSection(_Strict):
 
 
 AXES = ("host", "image", "nic", "vcpus", "memory_mib", "disk_bus", "clone", "tuning")
+# Backends that can run the suite on the host itself (a bare-metal baseline cell, lab.baremetal):
+# the local one, where the host is this machine.
+BARE_METAL_BACKENDS = ("local",)
 
 
 class SuiteSection(_Strict):
     workloads: list[str] = ["sysbench-cpu", "iperf3-tcp"]
+    # Fixed n; with target_ci_pct, the minimum n before the CI is looked at.
     repetitions: int = Field(default=3, ge=1, le=1000)
-    warmup: int = Field(default=1, ge=0, le=100)
-    order: Literal["sequential", "random"] = "sequential"
+    warmup: int = Field(default=1, ge=0, le=100)  # per VM boot, discarded
+    # sequential: cells in matrix order; random: cells shuffled; interleaved: rounds in which
+    # every cell is booted, measured for repetitions_per_boot repetitions and destroyed, in a
+    # new shuffled order each round (lab.runner). The seed of every shuffle is recorded.
+    order: Literal["sequential", "random", "interleaved"] = "sequential"
     seed: int | None = None
+    repetitions_per_boot: int = Field(default=1, ge=1, le=1000)  # interleaved only
+    # Adaptive repetition: repeat until the 95 % CI of the median of every throughput-like metric
+    # is within +-target_ci_pct % of the median, or a budget is spent.
+    target_ci_pct: float | None = Field(default=None, gt=0, le=100)
+    max_repetitions: int = Field(default=30, ge=1, le=10000)  # adaptive budget per cell and workload
+    max_seconds: float | None = Field(default=None, gt=0, le=7 * 86400)  # likewise, measured time
+    bare_metal: bool = False  # add a cell that runs the suite on the (local) host itself
+    noise_floor: bool = False  # run the first cell twice (an A/A twin) to measure the noise floor
     params: dict[str, dict[str, Any]] = {}
 
 
@@ -302,9 +356,24 @@ def _check_references(cfg: LabConfig, data: dict[str, Any]) -> None:
                                   f"unknown axis; axes: {', '.join(AXES)}")
     from lab import plan
 
-    if not plan.cells(cfg):
+    if not plan.cells(cfg) and not cfg.suite.bare_metal:
         raise ConfigError(src, "matrix.exclude", cfg.matrix.exclude, "excludes every cell; nothing to run")
     _check_capabilities(cfg, plan.cells(cfg))
+    suite = cfg.suite
+    if suite.target_ci_pct is not None and suite.max_repetitions < suite.repetitions:
+        raise ConfigError(src, "suite.max_repetitions", suite.max_repetitions,
+                          f"is below suite.repetitions ({suite.repetitions}), the minimum of adaptive repetition")
+    if suite.repetitions_per_boot != 1 and suite.order != "interleaved":
+        raise ConfigError(src, "suite.repetitions_per_boot", suite.repetitions_per_boot,
+                          'only applies with suite.order = "interleaved"')
+    if suite.bare_metal:
+        hosts = [h for h in cfg.matrix.host if cfg.hosts[h].backend in BARE_METAL_BACKENDS]
+        if not hosts:
+            raise ConfigError(src, "suite.bare_metal", True,
+                              f"needs a host whose backend can run the suite on itself "
+                              f"({', '.join(BARE_METAL_BACKENDS)}); matrix.host has none")
+    if suite.noise_floor and not plan.cells(cfg):
+        raise ConfigError(src, "suite.noise_floor", True, "needs at least one VM cell to run twice")
     from lab.workloads import load_all
 
     known = load_all()
@@ -326,6 +395,34 @@ def _check_references(cfg: LabConfig, data: dict[str, Any]) -> None:
             want = type(defaults[key])
             if defaults[key] is not None and not isinstance(val, want) and not (want is float and isinstance(val, int)):
                 raise ConfigError(src, f"suite.params.{wl}.{key}", val, f"must be {want.__name__}")
+    _check_workload_values(cfg, src, known)
+
+
+def _check_workload_values(cfg: LabConfig, src: str, known: dict) -> None:
+    """Each workload's own value checks (ranges, choices, what the guest OS allows), for every
+    guest OS and vCPU count the matrix has, so a bad value stops here, before anything is made."""
+    from lab import plan
+    from lab.errors import UsageError
+    from lab.workloads import WorkloadContext
+
+    combos = sorted({(KNOWN_IMAGES[c.image], c.vcpus) for c in plan.cells(cfg)})
+    for wl in dict.fromkeys([*cfg.suite.workloads, *cfg.suite.params]):
+        check = getattr(known[wl], "params", None)
+        if check is None:
+            continue
+        given = cfg.suite.params.get(wl, {})
+        for os_name, vcpus in combos:
+            ctx = WorkloadContext(guest=None, client=None, os=os_name, vcpus=vcpus,
+                                  params={**getattr(known[wl], "defaults", {}), **given})
+            try:
+                check(ctx)
+            except UsageError as exc:
+                problem = exc.message.removeprefix(f"{wl}: ")
+                key = problem.split(" ", 1)[0]
+                if key in given:
+                    raise ConfigError(src, f"suite.params.{wl}.{key}", given[key],
+                                      f"{problem} (guest OS {os_name})") from None
+                raise ConfigError(src, f"suite.params.{wl}", given or None, f"{problem} (guest OS {os_name})") from None
 
 
 _FIXED_NIC_MODELS: dict[str, frozenset[NicModel]] = {
@@ -342,8 +439,8 @@ def backend_nic_models(backend: str) -> frozenset[NicModel]:
 
 
 def host_settings(cfg: LabConfig, name: str) -> dict[str, Any]:
-    """The settings a backend is built from: the host's table, unset keys left out, plus the file."""
-    settings = {k: v for k, v in cfg.hosts[name].model_dump().items() if v is not None}
+    """The settings a backend is built from: the host's table (unset keys as None) plus the file."""
+    settings = cfg.hosts[name].model_dump()
     settings["source"] = cfg.source
     return settings
 

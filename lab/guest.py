@@ -83,10 +83,7 @@ class Guest:
         """Run a shell command line on the guest."""
         res = proc.run(["ssh", *self._ssh_options(), self.target, command], timeout=timeout,
                        check=False, input=input, netns=self.netns, what=f"guest command on {self.address}")
-        if check and res.returncode != 0:
-            raise CommandError(["ssh", self.target, command], res.returncode, res.stdout, res.stderr,
-                               what=f"`{_short(command)}` on {self.address}")
-        return res
+        return _checked(res, ["ssh", self.target, command], command, self.address, check)
 
     def put(self, local: Path, remote: str, timeout: float = 120.0) -> None:
         self.run(f"cat > {shlex.quote(remote)}", input=Path(local).read_text(), timeout=timeout)
@@ -113,6 +110,48 @@ class Guest:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+class HostGuest:
+    """Guest-like: runs command lines on this machine, for the bare-metal cell (lab.baremetal).
+
+    Commands run in the cell's network namespace through `nsenter --net` (not `ip netns exec`,
+    which remounts /sys and so hides the cgroup file system) and, when `cgroup_procs` is given,
+    inside that cgroup, so the cell's CPU use can be told apart from the load generator's, which
+    runs on the same machine. `env` reaches every command (the CPU snapshot reads it)."""
+
+    def __init__(self, address: str, *, netns: str, cgroup_procs: Path | None = None,
+                 env: dict[str, str] | None = None, os: str = "bare-metal"):
+        self.address, self.netns, self.cgroup_procs, self.os = address, netns, cgroup_procs, os
+        self.env = dict(env or {})
+
+    def argv(self, command: str) -> list[str]:
+        inner = ["nsenter", f"--net=/run/netns/{self.netns}", "sh", "-c", command]
+        if self.cgroup_procs is None:
+            return inner
+        # Join the cgroup first, then enter the namespace: every process of the command inherits both.
+        return ["sh", "-c", 'echo $$ > "$0" && exec "$@"', str(self.cgroup_procs), *inner]
+
+    def run(self, command: str, *, timeout: float = 120.0, check: bool = True,
+            input: str | None = None) -> proc.Result:
+        res = proc.run(self.argv(command), timeout=timeout, check=False, input=input, env=self.env,
+                       what=f"host command in {self.netns}")
+        return _checked(res, ["sh", "-c", command], command, f"{self.address} (bare metal)", check)
+
+    def put_text(self, text: str, remote: str, timeout: float = 60.0) -> None:
+        self.run(f"cat > {shlex.quote(remote)}", input=text, timeout=timeout)
+
+    def get_text(self, remote: str, timeout: float = 60.0) -> str:
+        return self.run(f"cat {shlex.quote(remote)}", timeout=timeout).stdout
+
+    def close(self) -> None:
+        pass
+
+
+def _checked(res: proc.Result, argv: list[str], command: str, where: str, check: bool) -> proc.Result:
+    if check and res.returncode != 0:
+        raise CommandError(argv, res.returncode, res.stdout, res.stderr, what=f"`{_short(command)}` on {where}")
+    return res
 
 
 def _short(command: str, width: int = 60) -> str:

@@ -1,5 +1,5 @@
-"""Golden images: build them offline (mmdebstrap -> mkfs.ext4 -> qcow2 -> Packer), describe them in a
-manifest (images/<name>.json) and load them as ImageRef.
+"""Golden images: build them (Debian offline from packages; the other OSes from their installer ISOs),
+describe them in a manifest (images/<name>.json), load them as ImageRef and publish them.
 
 The debian12 pipeline, all from the Debian mirror this machine already uses (no ISO, no cloud image):
 
@@ -10,6 +10,13 @@ The debian12 pipeline, all from the Debian mirror this machine already uses (no 
 3. ``mkfs.ext4 -L labroot -d rootfs`` (a bare filesystem, no partition table) -> ``qemu-img convert``.
 4. Packer's qemu builder boots it under TCG, runs packer/scripts/provision-debian.sh (nginx config,
    certificate, static site, version report) and writes the final qcow2.
+
+The other OSes (alpine3, freebsd14, netbsd10, openbsd7) are IsoRecipes: their installer ISO boots under
+Packer's qemu builder, an answer file rendered from templates/answers/ drives the unattended install
+(served over Packer's HTTP server), packer/scripts/provision-<os>.sh provisions the system over SSH.
+The ISO is never downloaded by lab itself: Packer fetches it (and verifies its checksum) when the
+machine can reach the mirror; otherwise a copy in images/iso/ or ``--iso PATH`` is used, and without
+one the build stops at once with one line (exit status 2).
 
 A recipe digest (sha256 over every input) makes ``build`` idempotent: same digest + artifacts present
 = nothing to do. The guest contract (command line, readiness marker, key) is in images/README.md.
@@ -23,6 +30,7 @@ import hashlib
 import json
 import os
 import random
+import shlex
 import shutil
 import struct
 import sys
@@ -35,9 +43,9 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 import lab
-from lab import proc
+from lab import osfacts, proc
 from lab.errors import CommandError, LabError, UsageError
-from lab.model import ImageRef
+from lab.model import ImageRef, NicModel
 
 Progress = Callable[[str], None] | None
 
@@ -68,9 +76,14 @@ class Recipe:
     scripts: tuple[str, ...]  # relative to PACKER_DIR
     template_paths: tuple[str, ...]  # relative to TEMPLATES_DIR (files or directories)
     nginx: dict[str, Any]
+    # The proxmox-iso source installs from the netinst ISO with this preseed (packer/debian12.pkr.hcl).
+    answers: tuple[tuple[str, str], ...] = (("answers/debian-preseed.cfg.j2", "preseed.cfg"),)
+    # The base container image loaded into podman's store at provisioning (see ContainerBase).
+    container: "ContainerBase | None" = None
+    kind = "debootstrap"
 
     def constants(self) -> dict[str, Any]:
-        return {
+        out = {
             "recipe_version": RECIPE_VERSION,
             "name": self.name, "os": self.os, "release": self.release, "suite": self.suite,
             "variant": self.variant, "packages": list(self.packages),
@@ -78,6 +91,30 @@ class Recipe:
             "disk_mib": self.disk_mib, "hostname": self.hostname, "root_label": ROOT_LABEL,
             "ready_marker": READY_MARKER, "nginx": self.nginx,
         }
+        if self.container is not None:
+            out["container"] = self.container.constants()
+        return out
+
+
+@dataclass(frozen=True)
+class ContainerBase:
+    """A base container image made from Debian packages at image build (no registry at run time):
+    ``mmdebstrap --variant=<variant> --include=<packages>`` to a .tar.zst, with the .debs of
+    `cache` (and their dependencies) downloaded, not installed, into `cache_dir` so a Containerfile
+    can install packages offline (``dpkg -i``); provisioning ``podman import``s it as `name`."""
+
+    name: str  # the image reference workloads use
+    variant: str
+    packages: tuple[str, ...]
+    cache: tuple[str, ...]
+    cache_dir: str
+
+    def constants(self) -> dict[str, Any]:
+        return {"name": self.name, "variant": self.variant, "packages": list(self.packages),
+                "cache": list(self.cache), "cache_dir": self.cache_dir}
+
+
+CONTAINER_TARBALL = "lab-base.tar.zst"  # in the build's stage dir; Packer uploads it
 
 
 DEBIAN12 = Recipe(
@@ -92,6 +129,9 @@ DEBIAN12 = Recipe(
         # access and the tools the workloads run
         "openssh-server", "sysbench", "iperf3", "nginx-light", "openssl", "ca-certificates",
         "curl", "git", "procps", "iproute2", "ethtool", "iputils-ping", "netbase",
+        # containers (issue 9 workloads): podman with netavark + iptables for its default bridge
+        # network, both OCI runtimes, hyperfine for container start, POSIX `time -p` for timings
+        "podman", "crun", "runc", "netavark", "iptables", "hyperfine", "time",
     ),
     dpkg_excludes=(
         "/usr/share/man/*", "/usr/share/info/*", "/usr/share/doc/*", "/usr/share/locale/*",
@@ -105,12 +145,81 @@ DEBIAN12 = Recipe(
     packer_template="debian12.pkr.hcl",
     scripts=("scripts/debian-rootfs-essential.sh", "scripts/debian-rootfs-customize.sh",
              "scripts/provision-debian.sh"),
-    template_paths=("image", "nginx.conf.j2", "site"),
+    template_paths=("image", "nginx.conf.j2", "site", "answers/debian-preseed.cfg.j2"),
     nginx={"worker_processes": "auto", "worker_connections": 4096, "root": "/srv/www",
            "ssl_certificate": "/etc/nginx/lab.crt", "ssl_certificate_key": "/etc/nginx/lab.key"},
+    # essential (no apt) + git and time for clones inside a container; the build tools a
+    # Containerfile installs offline (tcc: a C compiler ~0.3 MB, where gcc would add ~150 MB).
+    container=ContainerBase(name="localhost/lab-base:latest", variant="essential", packages=("git", "time"),
+                            cache=("make", "tcc", "libc6-dev"), cache_dir="/var/cache/lab-debs"),
 )
 
-RECIPES: dict[str, Recipe] = {DEBIAN12.name: DEBIAN12}
+
+def _nginx_settings(os_name: str) -> dict[str, Any]:
+    cert = osfacts.facts(os_name).nginx.cert_dir
+    return {"worker_processes": "auto", "worker_connections": 4096, "root": "/srv/www",
+            "ssl_certificate": f"{cert}/lab.crt", "ssl_certificate_key": f"{cert}/lab.key"}
+
+
+@dataclass(frozen=True)
+class IsoRecipe:
+    """An image installed from the OS's own installer ISO by an answer file, then provisioned.
+
+    The ISO's URL and checksum are the Packer template's variable defaults (one place); package
+    names, paths, the serial console and the installer's disk come from lab.osfacts."""
+
+    name: str
+    os: str
+    release: str
+    disk_mib: int
+    packer_template: str  # relative to PACKER_DIR
+    answers: tuple[tuple[str, str], ...]  # (template under templates/, file name served over HTTP)
+    kind = "iso"
+
+    @property
+    def hostname(self) -> str:
+        return f"lab-{self.name}"
+
+    @property
+    def scripts(self) -> tuple[str, ...]:
+        return ("scripts/provision-common.sh", f"scripts/provision-{self.os}.sh")
+
+    @property
+    def template_paths(self) -> tuple[str, ...]:
+        return ("nginx.conf.j2", "site", *(t for t, _ in self.answers))
+
+    @property
+    def nginx(self) -> dict[str, Any]:
+        return _nginx_settings(self.os)
+
+    @property
+    def facts(self) -> osfacts.OsFacts:
+        return osfacts.facts(self.os)
+
+    def constants(self) -> dict[str, Any]:
+        f = self.facts
+        return {
+            "recipe_version": RECIPE_VERSION, "kind": self.kind, "name": self.name, "os": self.os,
+            "release": self.release, "disk_mib": self.disk_mib, "hostname": self.hostname,
+            "answers": [list(a) for a in self.answers], "ready_marker": READY_MARKER,
+            "packages": sorted(f.packages.values()), "nginx": self.nginx, "nginx_paths": f.nginx.__dict__,
+            "serial": f.serial_device, "install_disk": f.install_disk,
+        }
+
+
+ISO_RECIPES = (
+    IsoRecipe(name="alpine3", os="alpine", release="3.21", disk_mib=4096, packer_template="alpine3.pkr.hcl",
+              answers=(("answers/alpine-answers.j2", "answers"), ("answers/alpine-install.sh.j2", "install.sh"))),
+    IsoRecipe(name="freebsd14", os="freebsd", release="14.3", disk_mib=8192, packer_template="freebsd14.pkr.hcl",
+              answers=(("answers/freebsd-installerconfig.j2", "installerconfig"),)),
+    IsoRecipe(name="netbsd10", os="netbsd", release="10.1", disk_mib=8192, packer_template="netbsd10.pkr.hcl",
+              answers=(("answers/netbsd-install.sh.j2", "install.sh"),)),
+    IsoRecipe(name="openbsd7", os="openbsd", release="7.8", disk_mib=12288, packer_template="openbsd7.pkr.hcl",
+              answers=(("answers/openbsd-install.conf.j2", "install.conf"),)),
+)
+
+AnyRecipe = Recipe | IsoRecipe
+RECIPES: dict[str, AnyRecipe] = {r.name: r for r in (DEBIAN12, *ISO_RECIPES)}
 
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
 DEFAULT_SECURITY_MIRROR = "http://deb.debian.org/debian-security"
@@ -120,7 +229,7 @@ DEFAULT_SECURITY_MIRROR = "http://deb.debian.org/debian-security"
 # names, inputs, digest
 
 
-def recipe(name: str) -> Recipe:
+def recipe(name: str) -> AnyRecipe:
     try:
         return RECIPES[name]
     except KeyError:
@@ -177,7 +286,8 @@ def manifest_path(name: str, images_dir: Path | None = None) -> Path:
 
 
 def _not_built(name: str) -> UsageError:
-    return UsageError(f"image {name!r} is not built: run `make images`")
+    how = "make images" if name == "debian12" else f"lab images build {name}"
+    return UsageError(f"image {name!r} is not built: run `{how}`")
 
 
 def load(name: str, images_dir: Path | None = None) -> ImageRef:
@@ -215,13 +325,10 @@ def list_images(images_dir: Path | None = None) -> list[ImageRef]:
 
 def artifact_paths(name: str, images_dir: Path | None = None) -> dict[str, Path]:
     idir = _images_dir(images_dir)
-    return {
-        "disk": idir / f"{name}.qcow2",
-        "kernel": idir / name / "vmlinuz",
-        "initrd": idir / name / "initrd.img",
-        "ssh_key": idir / KEY_NAME,
-        "ssh_pubkey": idir / f"{KEY_NAME}.pub",
-    }
+    paths = {"disk": idir / f"{name}.qcow2"}
+    if RECIPES.get(name, DEBIAN12).kind == "debootstrap":  # direct kernel boot; ISO images boot from disk
+        paths |= {"kernel": idir / name / "vmlinuz", "initrd": idir / name / "initrd.img"}
+    return paths | {"ssh_key": idir / KEY_NAME, "ssh_pubkey": idir / f"{KEY_NAME}.pub"}
 
 
 def up_to_date(name: str, images_dir: Path | None = None, digest: str | None = None) -> ImageRef | None:
@@ -270,8 +377,8 @@ def key_fingerprint(pubkey_line: str) -> str:
 
 def ensure_key(images_dir: Path | None = None) -> Path:
     """images/lab_key (ed25519, no passphrase): generated once, the lab's SSH key for root."""
-    paths = artifact_paths("debian12", images_dir)
-    key, pub = paths["ssh_key"], paths["ssh_pubkey"]
+    idir = _images_dir(images_dir)
+    key, pub = idir / KEY_NAME, idir / f"{KEY_NAME}.pub"
     if key.is_file() and pub.is_file():
         return key
     if key.is_file():  # never throw a private key away: derive its public half
@@ -365,6 +472,13 @@ def png(width: int, height: int, seed: int) -> bytes:
             + chunk(b"IEND", b""))
 
 
+def _jinja(tdir: Path):
+    import jinja2
+
+    return jinja2.Environment(loader=jinja2.FileSystemLoader(str(tdir)), undefined=jinja2.StrictUndefined,
+                              keep_trailing_newline=True, autoescape=False)
+
+
 def render_stage(name: str, out: Path, templates_dir: Path | None = None) -> None:
     """Render what the provisioner uploads: out/nginx.conf and out/site/ (pages, css, images)."""
     import jinja2
@@ -372,9 +486,8 @@ def render_stage(name: str, out: Path, templates_dir: Path | None = None) -> Non
     r = recipe(name)
     tdir = Path(templates_dir or lab.TEMPLATES_DIR)
     out.mkdir(parents=True, exist_ok=True)
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(tdir)), undefined=jinja2.StrictUndefined,
-                             keep_trailing_newline=True, autoescape=False)
-    (out / "nginx.conf").write_text(env.get_template("nginx.conf.j2").render(image=name, **r.nginx))
+    (out / "nginx.conf").write_text(_jinja(tdir).get_template("nginx.conf.j2").render(
+        image=name, **osfacts.facts(r.os).nginx.__dict__, **r.nginx))
 
     sdir = tdir / "site"
     site = out / "site"
@@ -408,6 +521,49 @@ def render_stage(name: str, out: Path, templates_dir: Path | None = None) -> Non
             dest.write_bytes(png(int(w), int(h), int(seed)))
 
 
+def container_base_argv(r: Recipe, out: Path, mirrors: list[str]) -> list[str]:
+    """Pure: the mmdebstrap command line that makes the recipe's base container tarball."""
+    c = r.container
+    if c is None:
+        raise LabError(f"image {r.name!r} has no base container image in its recipe")
+    cache = c.cache_dir
+    # The hook runs on the host with the chroot's apt configuration: --download-only puts the .debs
+    # (with their dependencies that are not installed yet) where the Containerfile expects them.
+    hook = (f'mkdir -p "$1{cache}" && APT_CONFIG="$MMDEBSTRAP_APT_CONFIG" apt-get install --download-only '
+            f'-y -q -o Dir::Cache::archives="$1{cache}/" {" ".join(c.cache)} '
+            f'&& rm -rf "$1{cache}/partial" "$1{cache}/lock"')
+    return ["mmdebstrap", "--mode=root", f"--variant={c.variant}", "--format=tar",
+            f"--include={','.join(c.packages)}", "--aptopt=Acquire::Retries \"3\"",
+            *[f"--dpkgopt=path-exclude={p}" for p in r.dpkg_excludes],
+            f"--customize-hook={hook}", r.suite, str(out), *mirrors]
+
+
+def build_container_base(r: Recipe, out: Path, mirrors: list[str], log: Path) -> None:
+    """The base container image as a zstd tarball (mmdebstrap compresses by the file name)."""
+    _run_logged(container_base_argv(r, out, mirrors), log, timeout=1200, what="mmdebstrap (container)",
+                env={"DEBIAN_FRONTEND": "noninteractive"})
+    if not out.is_file() or out.stat().st_size == 0:
+        raise LabError(f"mmdebstrap made no {out}", hint=f"see {log}")
+
+
+def stage_container_base(name: str, stage: Path, log: Path) -> Path:
+    """The base container tarball in `stage` for a hand-run Packer build (`lab images render`): the
+    one the last local build made when that build is of the current recipe, else a new one."""
+    r = recipe(name)
+    dest = stage / CONTAINER_TARBALL
+    built = lab.PROJECT_ROOT / "build" / name / "stage" / CONTAINER_TARBALL
+    ref = up_to_date(name)
+    stage.mkdir(parents=True, exist_ok=True)
+    if ref is not None and built.is_file() and built.stat().st_size == ref.manifest.get("container", {}).get("tarball_bytes"):
+        shutil.copyfile(built, dest)
+    else:
+        if os.geteuid() != 0:
+            raise LabError("making the base container image needs root (mmdebstrap --mode=root)",
+                           hint="run as root, or `make images` first and render again")
+        build_container_base(r, dest, debian_mirrors(r.suite), log)
+    return dest
+
+
 def _tool_version(argv: list[str]) -> str:
     try:
         res = proc.run(argv, timeout=30, check=False)
@@ -431,22 +587,286 @@ def _run_logged(argv: list[str], log: Path, *, timeout: float, what: str,
 
 
 # ---------------------------------------------------------------------------------------------
+# ISO-installed images: answer files, the upload stage, the installer ISO
+
+
+ISO_CACHE = "iso"  # images/iso/<file name of the ISO URL>: a local copy, used instead of downloading
+
+
+def packer_defaults(template: Path) -> dict[str, str]:
+    """The template's variable defaults, as `packer inspect` prints them (`var.NAME: "value"`)."""
+    # inspect prints values set through PKR_VAR_*: blank the secret so it cannot reach an error message.
+    out = proc.run(["packer", "inspect", "-machine-readable", template], timeout=60, what="packer inspect",
+                   env={"CHECKPOINT_DISABLE": "1", "PKR_VAR_proxmox_token": ""}).stdout
+    found: dict[str, str] = {}
+    for line in out.splitlines():
+        text = line.split(",", 3)[-1].replace("%!(PACKER_COMMA)", ",").replace("\\n", "\n")
+        for part in text.splitlines():
+            key, sep, value = part.strip().partition(": ")
+            if sep and key.startswith("var.") and value.startswith('"') and value.endswith('"'):
+                found[key[4:]] = json.loads(value)
+    return found
+
+
+def answer_context(r: IsoRecipe | Recipe, pubkey: str) -> dict[str, Any]:
+    """What the answer-file templates see. The root password is random per render and only lives
+    until provisioning replaces it with `*` (no password can match): the installers insist on one."""
+    import secrets
+
+    f = osfacts.facts(r.os)
+    packages = list(r.packages) + ["qemu-guest-agent"] if isinstance(r, Recipe) else sorted(f.packages.values())
+    return {"image": r.name, "os": r.os, "release": r.release, "hostname": r.hostname, "pubkey": pubkey,
+            "disk": f.install_disk, "nic": f.device(NicModel.VIRTIO), "serial": f.serial_device,
+            "packages": packages, "root_password": secrets.token_urlsafe(18), "timezone": "UTC",
+            "ready_marker": READY_MARKER, "disk_mib": r.disk_mib}
+
+
+def render_answers(name: str, out: Path, pubkey: str, templates_dir: Path | None = None) -> dict[str, Path]:
+    """Render the image's answer files into `out` (Packer's http_directory); return name -> path."""
+    r = recipe(name)
+    env = _jinja(Path(templates_dir or lab.TEMPLATES_DIR))
+    ctx = answer_context(r, pubkey)
+    out.mkdir(parents=True, exist_ok=True)
+    written = {}
+    for template, served in r.answers:
+        dest = out / served
+        dest.write_text(env.get_template(template).render(**ctx))
+        written[served] = dest
+    return written
+
+
+def render_upload(name: str, out: Path, templates_dir: Path | None = None) -> None:
+    """What provision-<os>.sh finds in /tmp: lab-nginx.conf, lab-site/, lab-common.sh (the shared
+    shell functions) and lab-facts.sh (this OS's facts from lab.osfacts, as shell variables)."""
+    r = recipe(name)
+    f = osfacts.facts(r.os)
+    staged = out.parent / f"{out.name}.render"
+    shutil.rmtree(staged, ignore_errors=True)
+    render_stage(name, staged, templates_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    os.replace(staged / "nginx.conf", out / "lab-nginx.conf")
+    shutil.rmtree(out / "lab-site", ignore_errors=True)
+    os.replace(staged / "site", out / "lab-site")
+    shutil.rmtree(staged)
+    shutil.copyfile(lab.PACKER_DIR / "scripts" / "provision-common.sh", out / "lab-common.sh")
+    env = {"LAB_IMAGE": name, "LAB_OS": r.os, "LAB_RELEASE": r.release, "LAB_HOSTNAME": r.hostname,
+           "LAB_PACKAGES": " ".join(sorted(f.packages.values())), "LAB_SERIAL": f.serial_device,
+           "LAB_READY_MARKER": READY_MARKER, "LAB_NGINX_CONF": f.nginx.conf, "LAB_NGINX_USER": f.nginx.user,
+           "LAB_CERT_DIR": f.nginx.cert_dir, "LAB_SITE_ROOT": r.nginx["root"]}
+    lines = [f"{k}={shlex.quote(v)}" for k, v in env.items()]
+    (out / "lab-facts.sh").write_text("# shellcheck shell=sh disable=SC2034\n# Rendered by lab/images.py from "
+                                      "lab/osfacts.py.\n" + "\n".join(lines) + "\n")
+
+
+@dataclass(frozen=True)
+class IsoSource:
+    url: str  # what Packer's iso_url gets: the mirror URL or a local path
+    checksum: str  # what iso_checksum gets
+    local: bool
+
+
+def _reachable(url: str, timeout: float = 10.0) -> str:
+    """'' if an HTTP HEAD of `url` answers 2xx/3xx, else why not (one short phrase)."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, method="HEAD"), timeout=timeout):
+            return ""
+    except urllib.error.HTTPError as exc:
+        return f"HTTP {exc.code}"
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        reason = getattr(exc, "reason", exc)
+        return str(reason).strip() or type(exc).__name__
+
+
+def resolve_iso(r: IsoRecipe, idir: Path, iso: str | None = None, checksum: str | None = None) -> IsoSource:
+    """Where the installer ISO comes from, decided before anything is created: `iso` (a local file),
+    else images/iso/<name> if present, else the mirror if it answers; otherwise one UsageError."""
+    defaults = packer_defaults(lab.PACKER_DIR / r.packer_template)
+    url, default_sum = defaults["iso_url"], defaults["iso_checksum"]
+    cached = idir / ISO_CACHE / url.rsplit("/", 1)[-1]
+    if checksum and not (checksum.startswith(("sha256:", "sha512:", "file:")) or checksum == "none"):
+        raise UsageError(f"--iso-checksum {checksum!r}: expected sha256:HEX, sha512:HEX or file:PATH")
+    if iso is not None:
+        local = Path(iso).expanduser().resolve()
+        if not local.is_file():
+            raise UsageError(f"--iso {iso}: no such file")
+    elif cached.is_file():
+        local = cached
+    else:
+        why = _reachable(url)
+        if why:
+            raise UsageError(f"{r.name}: the installer ISO {url} cannot be downloaded ({why}) and is not "
+                             f"cached as {cached}",
+                             hint=f"put the ISO there, or pass --iso PATH --iso-checksum sha256:HEX")
+        return IsoSource(url, checksum or default_sum, local=False)
+    if checksum is None and default_sum.startswith("file:http"):
+        # Packer would fetch the release's checksum file: possible only online.
+        why = _reachable(default_sum[len("file:"):])
+        if why:
+            raise UsageError(f"{r.name}: the checksum file {default_sum[5:]} cannot be downloaded ({why}) "
+                             f"to verify {local}", hint="pass --iso-checksum sha256:HEX (from that file)")
+    return IsoSource(str(local), checksum or default_sum, local=True)
+
+
+def _accelerator() -> str:
+    return "kvm" if os.access("/dev/kvm", os.R_OK | os.W_OK) and os.environ.get("LAB_PACKER_ACCEL") != "tcg" \
+        else "tcg"
+
+
+def _build_iso(r: IsoRecipe, work: Path, idir: Path, digest: str, say: Callable[[str], None],
+               source: IsoSource) -> ImageRef:
+    stage = _Stages(say)
+    key, pubkey = _fresh_workdir(work, idir)
+
+    stage("answers: render the installer's answer files and the upload stage")
+    render_answers(r.name, work / "http", pubkey)
+    render_upload(r.name, work / "stage")
+
+    stage(f"packer: install from {'the local ISO' if source.local else 'the mirror'} and provision")
+    out_dir = work / "packer-out"
+    report = work / "lab-image.json"
+    pvars = {"iso_url": source.url, "iso_checksum": source.checksum, "http_dir": work / "http",
+             "stage_dir": work / "stage", "ssh_key": key, "report_out": report, "output_dir": out_dir,
+             "console_log": work / "packer-console.log", "accelerator": _accelerator(),
+             "disk_size": f"{r.disk_mib}M"}
+    argv = ["packer", "build", "-color=false", "-on-error=cleanup", f"-only=qemu.{r.name}",
+            *[a for k, v in pvars.items() for a in ("-var", f"{k}={v}")],
+            lab.PACKER_DIR / r.packer_template]
+    # The ISO cache survives rebuilds (build/<name> does not): a second build downloads nothing.
+    penv = {"CHECKPOINT_DISABLE": "1", "PACKER_CACHE_DIR": str(lab.PROJECT_ROOT / "build" / "packer-cache"),
+            "PACKER_NO_COLOR": "1"}
+    _run_logged(argv, work / "packer.log", timeout=4 * 3600, what="packer build", env=penv, cwd=work)
+    try:
+        guest = json.loads(report.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise LabError(f"the guest's version report {report} is unusable: {exc}",
+                       hint=f"see {work / 'packer.log'}") from None
+
+    stage("install: images/")
+    paths = artifact_paths(r.name, idir)
+    mpath = manifest_path(r.name, idir)
+    mpath.unlink(missing_ok=True)
+    os.replace(out_dir / f"{r.name}.qcow2", paths["disk"])
+    f = r.facts
+    manifest = {
+        "name": r.name, "os": r.os, "release": r.release, "recipe_digest": digest,
+        "recipe_version": RECIPE_VERSION, **_disk_facts(paths["disk"]),
+        "built_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "build_seconds": stage.total(),
+        "stage_seconds": stage.durations(),
+        "kernel": guest.get("running_kernel", ""), "os_version": guest.get("os_version", ""),
+        "tools": guest.get("tools", {}), "packages": guest.get("packages", {}),
+        "boot": "disk", "serial": f.serial_device,
+        "net": {"device": {m.value: d for m, d in f.nic_device.items()}, "config": "dhcp"},
+        "ready_marker": READY_MARKER, "ssh_user": SSH_USER, "ssh_key_fingerprint": key_fingerprint(pubkey),
+        "nginx": {"root": r.nginx["root"], "ports": [80, 443], "certificate": r.nginx["ssl_certificate"],
+                  "certificate_sha256": guest.get("nginx_cert_sha256", ""),
+                  "bulk": ["/bulk/1m.bin", "/bulk/64m.bin"], "bulk_sha256": guest.get("bulk_sha256", {}),
+                  "site_files": guest.get("site_files")},
+        "iso": {"url": source.url, "checksum": source.checksum, "local": source.local},
+        "paths": {k: p.relative_to(idir).as_posix() for k, p in paths.items()},
+        "builder": {"packer": _tool_version(["packer", "version"]),
+                    "qemu": _tool_version(["qemu-system-x86_64", "--version"])},
+    }
+    tmp = mpath.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, mpath)
+    say(f"done in {manifest['build_seconds']:.0f} s: {paths['disk']}")
+    return load(r.name, idir)
+
+
+def _disk_facts(disk: Path) -> dict[str, Any]:
+    info = json.loads(proc.run(["qemu-img", "info", "--output=json", disk], timeout=60,
+                               what="qemu-img info").stdout)
+    return {"sha256": file_sha256(disk), "size": disk.stat().st_size, "virtual_size": info["virtual-size"],
+            "format": info.get("format", "qcow2")}
+
+
+# ---------------------------------------------------------------------------------------------
+# listing and publishing
+
+
+def status(images_dir: Path | None = None, now: float | None = None) -> list[dict[str, Any]]:
+    """One row per known image, built or not: state (built, outdated, not built), the current recipe
+    digest, the built image's digest, age and tool versions."""
+    idir = _images_dir(images_dir)
+    now = time.time() if now is None else now
+    rows = []
+    for name in sorted(RECIPES):
+        r = RECIPES[name]
+        current = recipe_digest(name)
+        row: dict[str, Any] = {"name": name, "os": r.os, "release": r.release, "kind": r.kind,
+                               "recipe_digest": current, "state": "not built", "built_digest": "",
+                               "built_at": "", "age_s": None, "tools": {}, "size": None}
+        try:
+            ref = load(name, idir)
+        except LabError:
+            rows.append(row)
+            continue
+        m = ref.manifest
+        row.update(built_digest=ref.digest, built_at=m.get("built_at", ""), tools=m.get("tools", {}),
+                   size=m.get("size"), sha256=ref.sha256)
+        row["state"] = "built" if up_to_date(name, idir, current) is not None else "outdated"
+        try:
+            row["age_s"] = max(0.0, now - datetime.fromisoformat(m["built_at"]).timestamp())
+        except (KeyError, TypeError, ValueError):
+            pass
+        rows.append(row)
+    return rows
+
+
+def publish_local(ref: ImageRef, store: Path) -> str:
+    """Copy a built image (disk, boot files, manifest) into a local image store, as
+    <store>/<name>/<sha256[:12]>/, verified by sha256, and point <store>/<name>/current at it.
+    Publishing the same image twice copies nothing. Returns the published directory."""
+    idir = ref.path.parent
+    dest = store / ref.name / ref.sha256[:12]
+    if not (dest / "manifest.json").is_file():
+        tmp = dest.with_name(dest.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        for key, rel in ref.manifest.get("paths", {}).items():
+            if key in ("ssh_key", "ssh_pubkey"):
+                continue  # the key stays in images/: a store is not where secrets go
+            target = tmp / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(idir / rel, target)
+        if file_sha256(tmp / ref.manifest["paths"]["disk"]) != ref.sha256:
+            shutil.rmtree(tmp)
+            raise LabError(f"{ref.path} does not match its manifest's sha256", hint="rebuild the image")
+        (tmp / "manifest.json").write_text(json.dumps(ref.manifest, indent=2, sort_keys=True) + "\n")
+        os.replace(tmp, dest)
+    current = store / ref.name / "current"
+    link_tmp = current.with_name("current.tmp")
+    link_tmp.unlink(missing_ok=True)
+    link_tmp.symlink_to(dest.name)
+    os.replace(link_tmp, current)
+    return str(dest)
+
+
+# ---------------------------------------------------------------------------------------------
 # build
 
 
 def build(name: str = "debian12", force: bool = False, progress: Progress = None,
-          images_dir: Path | None = None) -> ImageRef:
-    """Build image `name` unless it is up to date; return it. `progress(stage)` hears each stage."""
+          images_dir: Path | None = None, iso: str | None = None, iso_checksum: str | None = None) -> ImageRef:
+    """Build image `name` unless it is up to date; return it. `progress(stage)` hears each stage.
+    `iso`/`iso_checksum` (ISO-installed images only) name a local copy of the installer ISO."""
     r = recipe(name)
     say = progress or (lambda _msg: None)
     idir = _images_dir(images_dir)
     digest = recipe_digest(name)
+    if r.kind == "debootstrap" and (iso or iso_checksum):
+        raise UsageError(f"image {name!r} is built from Debian packages, not from an ISO: drop --iso")
     if not force:
         ref = up_to_date(name, idir, digest)
         if ref is not None:
             say(f"up to date ({digest[:12]})")
             return ref
-    if os.geteuid() != 0:
+    source = resolve_iso(r, idir, iso, iso_checksum) if isinstance(r, IsoRecipe) else None
+    if source is None and os.geteuid() != 0:
         raise LabError("building a golden image needs root (mmdebstrap --mode=root, chroot)",
                        hint="run `sudo make images`")
     work = lab.PROJECT_ROOT / "build" / name
@@ -458,24 +878,17 @@ def build(name: str = "debian12", force: bool = False, progress: Progress = None
         lock.close()
         raise LabError(f"another build of {name!r} is running (lock {lock.name})") from None
     try:
+        if isinstance(r, IsoRecipe):
+            return _build_iso(r, work, idir, digest, say, source)
         return _build(r, name, work, idir, digest, say)
     finally:
         lock.close()
 
 
 def _build(r: Recipe, name: str, work: Path, idir: Path, digest: str, say: Callable[[str], None]) -> ImageRef:
-    t0 = time.monotonic()
-    stages: dict[str, float] = {}
-
-    def stage(label: str) -> None:
-        stages[label] = time.monotonic()
-        say(label)
-
-    _clean_workdir(work)
-    work.mkdir(parents=True)
+    stage = _Stages(say)
+    key, pubkey = _fresh_workdir(work, idir)
     rootfs = work / "rootfs"
-    key = ensure_key(idir)
-    pubkey = key.with_suffix(".pub").read_text().strip()
     mirrors = debian_mirrors(r.suite)
 
     stage("rootfs: mmdebstrap")
@@ -517,6 +930,9 @@ def _build(r: Recipe, name: str, work: Path, idir: Path, digest: str, say: Calla
 
     stage("stage: render nginx.conf and the site")
     render_stage(name, work / "stage")
+    if r.container is not None:
+        stage("container: mmdebstrap the base container image")
+        build_container_base(r, work / "stage" / CONTAINER_TARBALL, mirrors, work / "container.log")
 
     stage("packer: boot under TCG and provision")
     out_dir = work / "packer-out"
@@ -525,7 +941,8 @@ def _build(r: Recipe, name: str, work: Path, idir: Path, digest: str, say: Calla
              "initrd": work / "initrd.img", "cmdline": r.cmdline, "ssh_key": key,
              "stage_dir": work / "stage", "report_out": report,
              "console_log": work / "packer-console.log", "disk_size": f"{r.disk_mib}M"}
-    argv = ["packer", "build", "-color=false", "-on-error=cleanup",
+    # Only the qemu source: the template's proxmox-iso source builds on a PVE node, by hand.
+    argv = ["packer", "build", "-color=false", "-on-error=cleanup", f"-only=qemu.{name}",
             *[a for k, v in pvars.items() for a in ("-var", f"{k}={v}")],
             lab.PACKER_DIR / r.packer_template]
     penv = {"CHECKPOINT_DISABLE": "1", "PACKER_CACHE_DIR": str(work / "packer-cache"),
@@ -564,8 +981,8 @@ def _build(r: Recipe, name: str, work: Path, idir: Path, digest: str, say: Calla
         "virtual_size": vsize,
         "format": "qcow2",
         "built_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "build_seconds": round(time.monotonic() - t0, 1),
-        "stage_seconds": _stage_durations(stages, time.monotonic()),
+        "build_seconds": stage.total(),
+        "stage_seconds": stage.durations(),
         "kernel": kver,
         "kernels": guest.get("kernels", []),
         "debian_version": guest.get("debian_version", ""),
@@ -583,6 +1000,8 @@ def _build(r: Recipe, name: str, work: Path, idir: Path, digest: str, say: Calla
                   "certificate_sha256": guest.get("nginx_cert_sha256", ""),
                   "bulk": ["/bulk/1m.bin", "/bulk/64m.bin"], "bulk_sha256": guest.get("bulk_sha256", {}),
                   "site_files": guest.get("site_files")},
+        "container": ({"name": r.container.name, "tarball_bytes": (work / "stage" / CONTAINER_TARBALL).stat().st_size,
+                       **guest.get("container", {})} if r.container is not None else None),
         "initrd_modules": _initrd_modules(),
         "paths": {k: p.relative_to(idir).as_posix() for k, p in paths.items()},
         "mirrors": mirrors,
@@ -627,6 +1046,33 @@ def _clean_workdir(work: Path) -> None:
         raise LabError(f"{work} still has mounts: {', '.join(left)}",
                        hint=f"unmount them (umount -R) and delete {work} by hand")
     shutil.rmtree(work)
+
+
+class _Stages:
+    """A build's stages: each announced to `say` as it starts, timed for the manifest."""
+
+    def __init__(self, say: Callable[[str], None]):
+        self.t0 = time.monotonic()
+        self.starts: dict[str, float] = {}
+        self.say = say
+
+    def __call__(self, label: str) -> None:
+        self.starts[label] = time.monotonic()
+        self.say(label)
+
+    def total(self) -> float:
+        return round(time.monotonic() - self.t0, 1)
+
+    def durations(self) -> dict[str, float]:
+        return _stage_durations(self.starts, time.monotonic())
+
+
+def _fresh_workdir(work: Path, idir: Path) -> tuple[Path, str]:
+    """An empty build/<name>/ and the lab key (private key path, public key line)."""
+    _clean_workdir(work)
+    work.mkdir(parents=True)
+    key = ensure_key(idir)
+    return key, key.with_suffix(".pub").read_text().strip()
 
 
 def _stage_durations(starts: dict[str, float], end: float) -> dict[str, float]:

@@ -1,7 +1,10 @@
 """Per-OS facts the rest of the lab needs, in one place: NIC device and driver names, how to set
-and read a sysctl, how to read CPU time, memory and CPU count, package names.
+and read a sysctl (and which ones to record), how to read CPU time, memory and CPU count, package
+names, where nginx keeps its files, the serial console and the installer's disk.
 
-OS differences live here (and in packer/ and templates/), never in backend x OS classes.
+OS differences live here (and in packer/ and templates/), never in backend x OS classes. The image
+builder renders these facts into the answer files and the provisioning stage (lab.images), so the
+guest scripts carry no package names or paths of their own.
 """
 
 from __future__ import annotations
@@ -10,6 +13,18 @@ from dataclasses import dataclass, field
 
 from lab.errors import UsageError
 from lab.model import NicModel
+
+
+@dataclass(frozen=True)
+class NginxFacts:
+    """Where the OS's nginx package keeps things (templates/nginx.conf.j2 is rendered with these)."""
+
+    user: str
+    conf: str  # nginx.conf the service reads
+    mime_types: str
+    pid: str
+    error_log: str
+    cert_dir: str  # lab.crt / lab.key go here
 
 
 @dataclass(frozen=True)
@@ -28,6 +43,20 @@ class OsFacts:
     nic_driver_cmd: str = "basename $(readlink /sys/class/net/eth0/device/driver)"
     sysctl_set: str = "sysctl -w {key}={value}"
     sysctl_get: str = "sysctl -n {key}"
+    # Keys read back and recorded on every cell, whatever the tuning profile.
+    sysctl_watched: tuple[str, ...] = ()
+    # templates/sysctl/<dir>/<profile>.j2 (Linux guests share one set of keys)
+    sysctl_dir: str = ""
+    nginx: NginxFacts = NginxFacts(user="www-data", conf="/etc/nginx/nginx.conf",
+                                   mime_types="/etc/nginx/mime.types", pid="/run/nginx.pid",
+                                   error_log="/var/log/nginx/error.log", cert_dir="/etc/nginx")
+    serial_device: str = "/dev/ttyS0"  # the first serial port (COM1), where LAB-READY goes
+    install_disk: str = "vda"  # the first virtio-blk disk as the installer names it
+    shell: str = "/bin/sh"
+
+    @property
+    def sysctl_templates(self) -> str:
+        return self.sysctl_dir or self.name
 
     def device(self, nic: NicModel) -> str:
         try:
@@ -42,37 +71,76 @@ _LINUX_DRV = {NicModel.VIRTIO: "virtio_net", NicModel.E1000: "e1000", NicModel.E
               NicModel.RTL8139: "8139cp", NicModel.VMXNET3: "vmxnet3"}
 
 _BSD_CPU = "sysctl -n kern.cp_time"
+_LINUX_WATCHED = ("net.ipv4.tcp_congestion_control", "net.core.rmem_max", "net.core.wmem_max",
+                  "net.ipv4.tcp_rmem", "net.ipv4.tcp_wmem")
+
+# The bare-metal cell (lab.baremetal): the CPU time of the cell's own cgroup as a /proc/stat
+# line, so the busy % counts the machine-under-test side only, not the load generator that runs on
+# the same host. Microseconds: user and system from the cgroup (v2 cpu.stat, which the kernel keeps
+# monotonic; v1 cpuacct.usage_user/usage_sys, tick-granular), idle = wall time since LAB_T0 x CPUs
+# - busy. The wall clock is read first, the counters after. Without a cgroup: the whole host's.
+BARE_METAL_TICKS = (
+    'w=$(( ($(date +%s%N) - LAB_T0) / 1000 )); '
+    'if [ -r "$LAB_CGROUP/cpu.stat" ]; then '
+    'u=$(sed -n "s/^user_usec //p" "$LAB_CGROUP/cpu.stat"); s=$(sed -n "s/^system_usec //p" "$LAB_CGROUP/cpu.stat"); '
+    'elif [ -r "$LAB_CGROUP/cpuacct.usage_user" ]; then '
+    'u=$(( $(cat "$LAB_CGROUP/cpuacct.usage_user") / 1000 )); s=$(( $(cat "$LAB_CGROUP/cpuacct.usage_sys") / 1000 )); '
+    'else exec head -n1 /proc/stat; fi; '
+    'i=$(( w * $(nproc) - u - s )); [ "$i" -lt 0 ] && i=0; echo "cpu $u 0 $s $i 0 0 0 0"'
+)
 
 OSES: dict[str, OsFacts] = {
     "debian": OsFacts(
         name="debian", family="linux", nic_device=_LINUX_NIC, nic_driver=_LINUX_DRV,
         packages={"sysbench": "sysbench", "iperf3": "iperf3", "nginx": "nginx-light", "git": "git",
                   "curl": "curl", "podman": "podman"},
+        sysctl_watched=_LINUX_WATCHED,
+    ),
+    # Not an image: the host itself, as the bare-metal cell sees it (lab.baremetal).
+    "bare-metal": OsFacts(
+        name="bare-metal", family="linux", nic_device=_LINUX_NIC, nic_driver=_LINUX_DRV,
+        packages={"sysbench": "sysbench", "iperf3": "iperf3", "nginx": "nginx-light", "curl": "curl"},
+        cpu_ticks_cmd=BARE_METAL_TICKS,
     ),
     "alpine": OsFacts(
         name="alpine", family="linux", nic_device=_LINUX_NIC, nic_driver=_LINUX_DRV,
         packages={"sysbench": "sysbench", "iperf3": "iperf3", "nginx": "nginx", "git": "git",
-                  "curl": "curl", "podman": "podman"},
+                  "curl": "curl", "podman": "podman", "openssl": "openssl",
+                  "agent": "qemu-guest-agent"},
+        sysctl_watched=_LINUX_WATCHED, sysctl_dir="debian",
+        nginx=NginxFacts(user="nginx", conf="/etc/nginx/nginx.conf", mime_types="/etc/nginx/mime.types",
+                         pid="/run/nginx/nginx.pid", error_log="/var/log/nginx/error.log",
+                         cert_dir="/etc/nginx"),
     ),
     "freebsd": OsFacts(
         name="freebsd", family="freebsd",
         nic_device={NicModel.VIRTIO: "vtnet0", NicModel.E1000: "em0", NicModel.E1000E: "em0"},
         nic_driver={NicModel.VIRTIO: "vtnet", NicModel.E1000: "em", NicModel.E1000E: "em"},
-        packages={"sysbench": "sysbench", "iperf3": "iperf3", "nginx": "nginx", "git": "git",
-                  "curl": "curl", "podman": "podman-suite"},
+        packages={"sysbench": "sysbench", "iperf3": "iperf3", "nginx": "nginx", "git": "git-lite",
+                  "curl": "curl", "podman": "podman-suite", "agent": "qemu-guest-agent"},
         cpu_ticks_cmd=_BSD_CPU, ncpu_cmd="sysctl -n hw.ncpu", mem_kib_cmd="echo $(( $(sysctl -n hw.physmem) / 1024 ))",
         nic_driver_cmd="ifconfig -l | tr ' ' '\\n' | grep -v '^lo' | head -n1 | sed 's/[0-9]*$//'",
         sysctl_set="sysctl {key}={value}",
+        sysctl_watched=("kern.ipc.maxsockbuf", "net.inet.tcp.functions_default"),
+        nginx=NginxFacts(user="www", conf="/usr/local/etc/nginx/nginx.conf",
+                         mime_types="/usr/local/etc/nginx/mime.types", pid="/var/run/nginx.pid",
+                         error_log="/var/log/nginx/error.log", cert_dir="/usr/local/etc/nginx"),
+        serial_device="/dev/ttyu0", install_disk="vtbd0",
     ),
     "netbsd": OsFacts(
         name="netbsd", family="netbsd",
         nic_device={NicModel.VIRTIO: "vioif0", NicModel.E1000: "wm0", NicModel.E1000E: "wm0"},
         nic_driver={NicModel.VIRTIO: "vioif", NicModel.E1000: "wm", NicModel.E1000E: "wm"},
-        packages={"sysbench": "sysbench", "iperf3": "iperf3", "nginx": "nginx", "git": "git",
+        packages={"sysbench": "sysbench", "iperf3": "iperf3", "nginx": "nginx", "git": "git-base",
                   "curl": "curl"},
         cpu_ticks_cmd=_BSD_CPU, ncpu_cmd="sysctl -n hw.ncpu", mem_kib_cmd="echo $(( $(sysctl -n hw.physmem64) / 1024 ))",
         nic_driver_cmd="ifconfig -l | tr ' ' '\\n' | grep -v '^lo' | head -n1 | sed 's/[0-9]*$//'",
         sysctl_set="sysctl -w {key}={value}",
+        sysctl_watched=("kern.sbmax", "net.inet.tcp.congctl.selected"),
+        nginx=NginxFacts(user="nginx", conf="/usr/pkg/etc/nginx/nginx.conf",
+                         mime_types="/usr/pkg/etc/nginx/mime.types", pid="/var/run/nginx.pid",
+                         error_log="/var/log/nginx/error.log", cert_dir="/usr/pkg/etc/nginx"),
+        serial_device="/dev/tty00", install_disk="ld0",
     ),
     "openbsd": OsFacts(
         name="openbsd", family="openbsd",
@@ -80,6 +148,10 @@ OSES: dict[str, OsFacts] = {
         nic_driver={NicModel.VIRTIO: "vio", NicModel.E1000: "em", NicModel.E1000E: "em"},
         packages={"sysbench": "sysbench", "iperf3": "iperf3", "nginx": "nginx", "git": "git",
                   "curl": "curl"},
+        # nginx: OpenBSD's package chroots to /var/www unless started with -u (see provision-openbsd.sh)
+        nginx=NginxFacts(user="www", conf="/etc/nginx/nginx.conf", mime_types="/etc/nginx/mime.types",
+                         pid="/var/run/nginx.pid", error_log="/var/www/logs/error.log", cert_dir="/etc/nginx"),
+        serial_device="/dev/tty00", install_disk="sd0",
         cpu_ticks_cmd=_BSD_CPU, ncpu_cmd="sysctl -n hw.ncpuonline", mem_kib_cmd="echo $(( $(sysctl -n hw.physmem) / 1024 ))",
         nic_driver_cmd="ifconfig -l | tr ' ' '\\n' | grep -v '^lo' | grep -v enc | grep -v pflog | head -n1 | sed 's/[0-9]*$//'",
         sysctl_set="sysctl {key}={value}",

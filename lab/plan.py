@@ -1,4 +1,11 @@
-"""Pure: the matrix axes minus the excludes -> the list of cells, in a recorded order."""
+"""Pure: the matrix axes minus the excludes -> the list of cells, in a recorded order.
+
+Besides the matrix cells a run can hold two kinds of extra cell ([suite] options):
+- an A/A twin (`noise_floor = true`): the first cell once more, as its own VM, so comparisons can
+  show how much two identical setups differ (id `c01-aa`, label `<label>#aa`);
+- a bare-metal cell per local host (`bare_metal = true`): the suite run on the host itself, the
+  baseline of "VM x % vs bare metal" tables (id `bm01`, label `<host>/bare-metal`).
+"""
 
 from __future__ import annotations
 
@@ -21,23 +28,58 @@ class Cell:
     disk_bus: DiskBus
     clone: CloneKind
     tuning: str
+    replica: int = 1  # 2: the A/A twin of the cell with the same axes ([suite] noise_floor)
+
+    kind = "vm"
 
     @property
     def id(self) -> str:
         """Short, stable, readable: what a user types in `lab show --cell`."""
-        return f"c{self.index:02d}"
+        return f"c{self.index:02d}" + ("" if self.replica == 1 else "-aa")
 
     @property
     def label(self) -> str:
         return (f"{self.host}/{self.image}/{self.nic.value}/{self.vcpus}c/{self.memory_mib}m"
-                f"/{self.disk_bus.value}/{self.clone.value}/{self.tuning}")
+                f"/{self.disk_bus.value}/{self.clone.value}/{self.tuning}") + ("" if self.replica == 1 else TWIN_SUFFIX)
 
     def axes(self) -> dict[str, object]:
-        return {
+        axes: dict[str, object] = {
             "host": self.host, "image": self.image, "nic": self.nic.value, "vcpus": self.vcpus,
             "memory_mib": self.memory_mib, "disk_bus": self.disk_bus.value, "clone": self.clone.value,
             "tuning": self.tuning,
         }
+        if self.replica != 1:
+            axes["replica"] = self.replica
+        return axes
+
+
+TWIN_SUFFIX = "#aa"
+BARE_METAL = "bare-metal"
+
+
+@dataclass(frozen=True)
+class BareMetalCell:
+    """The suite run on a host itself (lab.baremetal): the baseline VMs are measured against."""
+
+    index: int  # 1-based among the bare-metal cells
+    host: str
+    order_index: int  # position after the matrix cells (store ordering)
+
+    kind = BARE_METAL
+
+    @property
+    def id(self) -> str:
+        return f"bm{self.index:02d}"
+
+    @property
+    def label(self) -> str:
+        return f"{self.host}/{BARE_METAL}"
+
+    def axes(self) -> dict[str, object]:
+        return {"host": self.host, "kind": BARE_METAL}
+
+
+Unit = Cell | BareMetalCell  # anything a run schedules
 
 
 def _excluded(axes: dict[str, object], excludes: list[dict[str, object]]) -> bool:
@@ -60,14 +102,51 @@ def cells(cfg: LabConfig) -> list[Cell]:
     return out
 
 
-def order(cells_: list[Cell], how: str, seed: int) -> list[Cell]:
-    """Run order. "random" shuffles with a recorded seed so host drift is not mistaken for a
-    difference between cells, and the same seed replays the same order."""
-    if how == "random":
+def units(cfg: LabConfig) -> list[Unit]:
+    """Everything a run measures: the matrix cells, the A/A twin of the first one if
+    [suite] noise_floor, and a bare-metal cell per host that can run one if [suite] bare_metal."""
+    from dataclasses import replace
+
+    from lab.config import BARE_METAL_BACKENDS
+
+    out: list[Unit] = list(cells(cfg))
+    last = max((c.index for c in out), default=0)
+    if cfg.suite.noise_floor and out:
+        out.append(replace(out[0], replica=2))
+    if cfg.suite.bare_metal:
+        hosts = [h for h in cfg.matrix.host if cfg.hosts[h].backend in BARE_METAL_BACKENDS]
+        out += [BareMetalCell(i, h, last + 1 + i) for i, h in enumerate(hosts, start=1)]
+    return out
+
+
+def store_index(unit: Unit, n_matrix: int) -> int:
+    """Where a unit sorts in the store's cell list: matrix cells by index, then twins, then bare metal."""
+    if isinstance(unit, BareMetalCell):
+        return n_matrix + 1000 + unit.index
+    return unit.index if unit.replica == 1 else n_matrix + 500 + unit.index
+
+
+def order(cells_: list[Unit], how: str, seed: int) -> list[Unit]:
+    """Run order. "random" and "interleaved" shuffle with a recorded seed so host drift is not
+    mistaken for a difference between cells, and the same seed replays the same order."""
+    if how in ("random", "interleaved"):
         shuffled = list(cells_)
         random.Random(seed).shuffle(shuffled)
         return shuffled
     return list(cells_)
 
 
-assert set(AXES) == set(Cell.__dataclass_fields__) - {"index"}
+def round_order(cells_: list[Unit], seed: int, round_no: int) -> list[Unit]:
+    """The order of one round of an interleaved run: a fresh shuffle per round. Each cell draws its
+    place from the run's seed, the round and its own id only, so the order of the others does not
+    change when a cell has dropped out (failed, or measured enough) in an earlier round."""
+    return sorted(cells_, key=lambda c: (random.Random(f"{seed}/round/{round_no}/{c.id}").random(), c.id))
+
+
+def rounds(repetitions: int, per_boot: int) -> list[int]:
+    """Fixed n in an interleaved run: how many measured repetitions each round (boot) runs."""
+    full, rest = divmod(repetitions, per_boot)
+    return [per_boot] * full + ([rest] if rest else [])
+
+
+assert set(AXES) == set(Cell.__dataclass_fields__) - {"index", "replica"}

@@ -45,7 +45,8 @@ from markupsafe import Markup  # noqa: E402
 
 import lab  # noqa: E402
 from lab import compare as compare_mod  # noqa: E402
-from lab import results, stats  # noqa: E402
+from lab import analysis, hostinfo, results, stats  # noqa: E402
+from lab import plan  # noqa: E402
 from lab.store import CellRow, RunRow, SampleRow, Store  # noqa: E402
 
 TEMPLATE = "report/report.html.j2"
@@ -109,22 +110,6 @@ def _direction(higher_is_better: bool | None) -> str:
     return {True: "↑", False: "↓", None: ""}[higher_is_better]
 
 
-def _flatten(facts: dict[str, Any], prefix: str = "") -> dict[str, str]:
-    """Nested facts as dotted keys with printable values (mitigations.spectre_v2 -> text)."""
-    out: dict[str, str] = {}
-    for k, v in facts.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict):
-            out.update(_flatten(v, key + "."))
-        elif isinstance(v, (list, tuple)):
-            out[key] = ", ".join(str(x) for x in v)
-        elif v is None:
-            out[key] = "–"
-        else:
-            out[key] = str(v)
-    return out
-
-
 # -- what the store holds, per run ---------------------------------------------------------------
 
 Key = tuple[str, str, str]  # (cell label, workload, metric): what matches across runs
@@ -143,6 +128,7 @@ class RunData:
     lab_version: str
     hosts: dict[str, dict[str, Any]]
     cell_status: dict[str, CellRow] = field(default_factory=dict)  # by label
+    executions: list = field(default_factory=list)  # the executed order (Store.executions)
 
 
 def _lab_version(store: Store, run_id: str) -> str:
@@ -163,7 +149,7 @@ def _load(store: Store, run: RunRow, side: str) -> RunData:
     return RunData(run=run, side=side, colour=RUN_COLOURS[0 if side == "A" else 1], cells=cells, samples=samples,
                    series={s.key: s for s in all_series}, points=points, config_text=store.config_text(run.id),
                    lab_version=_lab_version(store, run.id), hosts=store.host_facts(run.id),
-                   cell_status={c.label: c for c in cells})
+                   cell_status={c.label: c for c in cells}, executions=store.executions(run.id))
 
 
 def _visible(s: results.Series) -> bool:
@@ -205,8 +191,17 @@ def _svg(fig: Figure, salt: str) -> str:
     return text
 
 
+# How many characters of x labels fit side by side under each panel before they must be rotated,
+# and how many bars leave room for a value above each.
+ROOM = {"main": (56, 10), "cpu": (24, 5)}
+
+
+def _crowded(cats: list[str], short: dict[str, str], panel: str) -> bool:
+    return sum(len(short.get(c, c)) + 2 for c in cats) > ROOM[panel][0]
+
+
 def _panel(ax, sides: list[RunData], cats: list[str], short: dict[str, str], workload: str, metric: str | None,
-           colours: tuple[str, ...], title: str, percent: bool) -> None:
+           colours: tuple[str, ...], title: str, percent: bool, panel: str = "main") -> None:
     """Bars at the median, min–max whiskers, a dot per repetition; one call per kind of mark (each
     matplotlib artist costs time to lay out, and a report has dozens of charts)."""
     width = 0.8 / len(sides)
@@ -235,8 +230,9 @@ def _panel(ax, sides: list[RunData], cats: list[str], short: dict[str, str], wor
                 target = flags if flagged else dots
                 target[0].append(x + (m - (k - 1) / 2) * step)
                 target[1].append(v)
-            ax.annotate(fmt(med), (x, max(values)), xytext=(0, 2), textcoords="offset points", ha="center",
-                        va="bottom", fontsize=7, color="#333333")
+            if len(cats) * len(sides) <= ROOM[panel][1]:  # a value above each bar, when they do not collide
+                ax.annotate(fmt(med), (x, max(values)), xytext=(0, 2), textcoords="offset points", ha="center",
+                            va="bottom", fontsize=7, color="#333333")
         if xs:
             ax.bar(xs, meds, width * 0.9, color=colours[j], edgecolor="none", zorder=2, label=f"{rd.side} {rd.run.id}")
             ax.errorbar(xs, meds, yerr=[los, his], fmt="none", ecolor="#333333", elinewidth=1, capsize=3, zorder=3)
@@ -245,7 +241,7 @@ def _panel(ax, sides: list[RunData], cats: list[str], short: dict[str, str], wor
         if flags[0]:
             ax.scatter(flags[0], flags[1], s=30, marker="x", color=FLAG_COLOUR, zorder=5, linewidths=1.5)
     ax.set_xticks(range(len(cats)))
-    long = max((len(short.get(c, c)) for c in cats), default=0) > 14 or len(cats) > 4
+    long = _crowded(cats, short, panel)
     ax.set_xticklabels([short.get(c, c) for c in cats], fontsize=8, rotation=25 if long else 0,
                        ha="right" if long else "center", rotation_mode="anchor")
     ax.set_xlim(-0.6, len(cats) - 0.4)
@@ -265,14 +261,14 @@ def chart(sides: list[RunData], cats: list[str], short: dict[str, str], workload
     """One figure: the metric by cell (per run) and, beside it, the matching guest CPU busy %."""
     variant = cpu_metric[len(results.CPU_METRIC) + 1:] if cpu_metric and cpu_metric != results.CPU_METRIC else ""
     cpu_title = "guest CPU busy %" + (f" ({variant})" if variant else "") if cpu_metric else "CPU not measured"
-    rotate = max((len(short.get(c, c)) for c in cats), default=0) > 14 or len(cats) > 4
+    rotate = _crowded(cats, short, "cpu")
     with matplotlib.rc_context({"svg.fonttype": "none", "text.parse_math": False, "font.size": 8}):
         fig = Figure(figsize=(7.2, 2.8 if rotate else 2.6))
         grid = fig.add_gridspec(1, 2, width_ratios=(2, 1), wspace=0.25)
         _panel(fig.add_subplot(grid[0, 0]), sides, cats, short, workload, metric, RUN_COLOURS, f"{metric} ({unit})",
                percent=unit == "%")
         _panel(fig.add_subplot(grid[0, 1]), sides, cats, short, workload, cpu_metric, CPU_COLOURS, cpu_title,
-               percent=True)
+               percent=True, panel="cpu")
         fig.subplots_adjust(left=0.08, right=0.99, top=0.88, bottom=0.25 if rotate else 0.12)
         return _svg(fig, salt)
 
@@ -315,18 +311,30 @@ def _results_rows(rd: RunData, short: dict[str, str]) -> dict[str, list[dict[str
     return by_wl
 
 
-def _compare_side(rd: RunData) -> dict[Key, compare_mod.MetricSeries]:
-    return {k: compare_mod.MetricSeries(list(s.values), s.unit, s.higher_is_better)
-            for k, s in rd.series.items() if _visible(s) or s.metric.startswith(results.CPU_METRIC + "_")
-            or s.metric == results.CPU_METRIC}
+def _side(rd: RunData) -> analysis.Side:
+    return analysis.side(rd.run.id, rd.run.seed, rd.cells, rd.samples, rd.hosts)
 
 
-def _comparison(a: RunData, b: RunData, short: dict[str, str]) -> dict[str, Any]:
-    rows = compare_mod.compare(_compare_side(a), _compare_side(b), seed=a.run.seed or 0)
+def _noise(sides: list[RunData]) -> dict[tuple[str, str], stats.RatioCI]:
+    out: dict[tuple[str, str], stats.RatioCI] = {}
+    for rd in sides:
+        for k, v in analysis.noise_floor(list(rd.series.values()), seed=rd.run.seed or 0).items():
+            out[k] = analysis.widest(out.get(k), v)
+    return out
+
+
+def _band(band: tuple[float, float] | None) -> str:
+    return f"{fmt(band[0])} – {fmt(band[1])}" if band else "–"
+
+
+def _comparison(a: RunData, b: RunData, short: dict[str, str], wl_order: dict[str, int]) -> dict[str, Any]:
+    noise = _noise([a, b])
+    rows = analysis.compare_sides(_side(a), _side(b), noise=noise).rows
     cat_order = {label: i for i, label in enumerate(short)}
     order = {True: 0, False: 1, None: 2}
     # Grouped like the charts: workload, then throughput-like metrics first, CPU last, cells in run order.
-    rows.sort(key=lambda r: (r.key[1], r.key[2].startswith(results.CPU_METRIC), order[r.higher_is_better],
+    rows.sort(key=lambda r: (wl_order.get(r.key[1], len(wl_order)), r.key[1], r.key[2].startswith(results.CPU_METRIC),
+                             order[r.higher_is_better],
                              r.key[2], cat_order.get(r.key[0], len(cat_order))))
     out = []
     counts: dict[str, int] = {}
@@ -339,7 +347,7 @@ def _comparison(a: RunData, b: RunData, short: dict[str, str]) -> dict[str, Any]
             "direction": _direction(r.higher_is_better), "median_a": fmt(r.median_a), "median_b": fmt(r.median_b),
             "n_a": r.n_a, "n_b": r.n_b, "ratio": fmt(r.ratio),
             "ci": f"{fmt(r.ratio_ci[0])} – {fmt(r.ratio_ci[1])}" if r.ratio_ci else "–",
-            "p": _p(r.p_value), "verdict": r.verdict.value, "cls": VERDICT_CLASS[r.verdict],
+            "p": _p(r.p_value), "band": _band(r.noise_band), "verdict": r.verdict.value, "cls": VERDICT_CLASS[r.verdict],
             "is_cpu": metric.startswith(results.CPU_METRIC), "first": (wl, metric) != previous,
         })
         previous = (wl, metric)
@@ -350,9 +358,38 @@ def _comparison(a: RunData, b: RunData, short: dict[str, str]) -> dict[str, Any]
                       "a": ca.status if ca else "missing", "b": cb.status if cb else "missing"})
     ns = [r.n_a for r in rows if r.n_a] + [r.n_b for r in rows if r.n_b]
     n_min = min(ns) if ns else 0
-    return {"rows": out, "counts": counts, "cells": cells,
+    return {"rows": out, "counts": counts, "cells": cells, "noise": bool(noise),
             "min_p": _p(stats.min_exact_p(n_min, n_min)) if n_min else "–", "n_min": n_min,
             "alpha": compare_mod.DEFAULT_ALPHA}
+
+
+def _overhead(rd: RunData, short: dict[str, str], wl_order: dict[str, int]) -> dict[str, Any] | None:
+    """Every cell against the bare-metal cell of its host, if the run has one."""
+    if not any(analysis.kind(c) == plan.BARE_METAL for c in rd.cells):
+        return None
+    found = analysis.overheads(rd.cells, rd.samples, analysis.parse_selector([analysis.BASELINE_DEFAULT]),
+                               seed=rd.run.seed or 0)
+    noise = _noise([rd])
+    order = {True: 0, False: 1, None: 2}
+    cat_order = {label: i for i, label in enumerate(short)}
+    found.sort(key=lambda o: (wl_order.get(o.row.key[1], len(wl_order)), o.row.key[1],
+                              o.row.key[2].startswith(results.CPU_METRIC),
+                              order[o.row.higher_is_better], o.row.key[2], cat_order.get(o.cell, len(cat_order))))
+    rows, previous = [], None
+    for o in found:
+        r = o.row
+        _, wl, metric = r.key
+        nf = noise.get((wl, metric))
+        rows.append({
+            "cell": short.get(o.cell, o.cell), "label": o.cell, "reference": short.get(o.reference, o.reference),
+            "workload": wl, "metric": metric, "unit": r.unit, "direction": _direction(r.higher_is_better),
+            "base": fmt(r.median_a), "median": fmt(r.median_b), "n": f"{r.n_a}/{r.n_b}",
+            "change": analysis.fmt_change(o.change_pct, o.change_ci_pct), "p": _p(r.p_value),
+            "band": _band(nf.band()) if nf else "–", "verdict": r.verdict.value, "cls": VERDICT_CLASS[r.verdict],
+            "is_cpu": metric.startswith(results.CPU_METRIC), "first": (wl, metric) != previous,
+        })
+        previous = (wl, metric)
+    return {"rows": rows, "run": rd.run.id}
 
 
 def _hosts(sides: list[RunData]) -> dict[str, Any]:
@@ -360,7 +397,7 @@ def _hosts(sides: list[RunData]) -> dict[str, Any]:
     a = sides[0].hosts
     if len(sides) == 1:
         return {"pairs": [{"name": h, "rows": [{"fact": k, "a": v, "b": None, "diff": False}
-                                               for k, v in _flatten(f).items()]} for h, f in a.items()],
+                                               for k, v in hostinfo.flatten(f).items()]} for h, f in a.items()],
                 "ndiff": 0, "diffs": []}
     b = sides[1].hosts
     if set(a) != set(b) and len(a) == 1 and len(b) == 1:
@@ -369,7 +406,7 @@ def _hosts(sides: list[RunData]) -> dict[str, Any]:
         pairs = [(h, a.get(h), b.get(h)) for h in sorted(set(a) | set(b), key=lambda h: (h not in a, h))]
     out, diffs = [], []
     for name, fa, fb in pairs:
-        flat_a, flat_b = _flatten(fa or {}), _flatten(fb or {})
+        flat_a, flat_b = hostinfo.flatten(fa or {}), hostinfo.flatten(fb or {})
         keys = list(flat_a) + [k for k in flat_b if k not in flat_a]
         rows = []
         for k in keys:
@@ -405,6 +442,7 @@ def _cell_rows(rd: RunData, short: dict[str, str]) -> list[dict[str, Any]]:
             "clone": f.get("clone", c.axes.get("clone", "–")),
             "image": (f.get("image_digest") or "–")[:12], "image_full": f.get("image_digest") or "",
             "facts_json": json.dumps(f, indent=2, sort_keys=True),
+            "skipped": [f"{w}: {why}" for w, why in (f.get("skipped_workloads") or {}).items()],
         })
     return rows
 
@@ -418,8 +456,26 @@ def _run_info(rd: RunData) -> dict[str, Any]:
         "seed": r.seed, "lab_version": rd.lab_version or "–", "config_path": r.config_path or "–",
         "config_text": rd.config_text or "", "manifest_json": json.dumps(r.manifest, indent=2, sort_keys=True),
         "cells_done": sum(1 for c in rd.cells if c.status == "done"), "cells_total": len(rd.cells),
-        "samples": len(rd.samples),
+        "samples": len(rd.samples), "schedule": _schedule(r.manifest),
+        "executions": len(rd.executions),
     }
+
+
+def _schedule(manifest: dict[str, Any]) -> str:
+    """The repetition policy and order, in words (from the manifest lab.schedule.describe wrote)."""
+    sch = manifest.get("schedule") or {}
+    if not sch:
+        return "–"
+    text = f"{sch.get('order')}"
+    if sch.get("repetitions_per_boot"):
+        text += f" in {len(manifest.get('rounds', []))} round(s), {sch['repetitions_per_boot']} repetition(s) per boot"
+    if sch.get("target_ci_pct"):
+        text += (f"; adaptive: until the 95 % CI is within ±{sch['target_ci_pct']:g} %, "
+                 f"{sch.get('repetitions')}–{sch.get('max_repetitions')} repetitions"
+                 + (f", at most {sch['max_seconds']:g} s" if sch.get("max_seconds") else ""))
+    else:
+        text += f"; {sch.get('repetitions')} repetitions"
+    return text + f", {sch.get('warmup')} warm-up per boot"
 
 
 def _workload_order(sides: list[RunData]) -> list[str]:
@@ -457,6 +513,7 @@ def render(store: Store, run_id: str, vs: str | None = None, *, generated_at: fl
 
     workloads: list[dict[str, Any]] = []
     wl_names = _workload_order(sides)
+    wl_rank = {w: i for i, w in enumerate(wl_names)}  # tables follow [suite] workloads, like the charts
     n_chart = 0
     for wl in wl_names:
         metrics: dict[str, results.Series] = {}
@@ -493,7 +550,8 @@ def render(store: Store, run_id: str, vs: str | None = None, *, generated_at: fl
         "runs": [_run_info(rd) for rd in sides],
         "short": [{"short": short.get(c, c), "label": c} for c in cats],
         "failed": failed,
-        "comparison": _comparison(sides[0], sides[1], short) if len(sides) > 1 else None,
+        "comparison": _comparison(sides[0], sides[1], short, wl_rank) if len(sides) > 1 else None,
+        "overhead": _overhead(sides[0], short, wl_rank),
         "workloads": workloads,
         "cells": [{"run": _run_info(rd), "rows": _cell_rows(rd, short)} for rd in sides],
         "hosts": _hosts(sides),

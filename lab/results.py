@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import math
 import re
 import statistics
 from dataclasses import dataclass
 from typing import Iterable
 
+from lab import stats
+from lab.plan import BARE_METAL, TWIN_SUFFIX
 from lab.store import CellRow, SampleRow
 
 CPU_METRIC = "cpu_busy_pct"
@@ -53,13 +56,17 @@ class ShowRow:
     cpu_busy: float | None  # median guest CPU busy % during this workload in this cell
     flagged: int
     direction: str  # "↑" higher is better, "↓" lower is better, "" informational
+    ci_low: float = math.nan  # 95 % bootstrap CI of the median (lab.stats.summarize)
+    ci_high: float = math.nan
+    cv: float | None = None  # coefficient of variation (stdev / |mean|), None if n < 2 or mean 0
 
 
 def _variant(metric: str) -> str:
     """The variant suffix a workload puts on a metric (e.g. _c10 for 10 connections, _1t for one
-    thread, _rx/_tx for a direction), or ""."""
+    thread, _rx/_tx for a direction, _podman-host for a container network), or "". A candidate only:
+    callers use it when a `cpu_busy_pct_<variant>` was measured, else the workload's overall one."""
     head, _, tail = metric.rpartition("_")
-    return tail if head and re.fullmatch(r"c\d+|\d+t|nt|rx|tx|p\d+", tail) else ""
+    return tail if head and re.fullmatch(r"[a-z0-9][a-z0-9.-]*", tail) else ""
 
 
 def _hidden(s: Series) -> bool:
@@ -70,7 +77,10 @@ def _hidden(s: Series) -> bool:
     return s.unit == "count" and s.higher_is_better is False and not any(s.values) and "retrans" not in s.metric
 
 
-def show_rows(all_series: list[Series], *, everything: bool = False) -> list[ShowRow]:
+def show_rows(all_series: list[Series], *, everything: bool = False, seed: int = 0,
+              spread: bool = False) -> list[ShowRow]:
+    """One row per shown metric. `spread`: also the bootstrap CI of the median and the CV (costs a
+    bootstrap per row, a millisecond or two), seeded with `seed` (the run's) so they repeat."""
     cpu = {(s.cell, s.workload, s.metric): statistics.median(s.values)
            for s in all_series if s.metric.startswith(CPU_METRIC)}
     rows = []
@@ -80,14 +90,37 @@ def show_rows(all_series: list[Series], *, everything: bool = False) -> list[Sho
         v = _variant(s.metric)
         busy = cpu.get((s.cell, s.workload, f"{CPU_METRIC}_{v}" if v else CPU_METRIC),
                        cpu.get((s.cell, s.workload, CPU_METRIC)))
+        if s.unit == "n/a":  # a variant that could not run (na_<variant>) had no load
+            busy = None
         direction = {True: "↑", False: "↓", None: ""}[s.higher_is_better]
+        extra = {}
+        if spread:
+            summ = stats.summarize(s.values, seed=seed)
+            extra = {"ci_low": summ.ci_low, "ci_high": summ.ci_high, "cv": summ.cv}
         rows.append(ShowRow(s.workload, s.cell, s.metric, s.unit, len(s.values), statistics.median(s.values),
-                            min(s.values), max(s.values), busy, s.flagged, direction))
+                            min(s.values), max(s.values), busy, s.flagged, direction, **extra))
     return rows
 
 
 def short_labels(cells: list[str]) -> dict[str, str]:
-    """Drop the axes that are the same in every cell, so tables show only what varies."""
+    """Drop the axes that are the same in every cell, so tables show only what varies. An A/A
+    twin is its cell's short label + " A/A"; a bare-metal cell is "bare-metal" (with its host when
+    the cells span several hosts)."""
+    base = {c: c.removesuffix(TWIN_SUFFIX) for c in cells}
+    bare = {c for c in cells if c.endswith("/" + BARE_METAL)}
+    vms = sorted({b for c, b in base.items() if c not in bare})
+    hosts = {c.split("/")[0] for c in cells}
+    short_vm = _short(vms)
+    out = {}
+    for c in cells:
+        if c in bare:
+            out[c] = BARE_METAL if len(hosts) == 1 else c
+        else:
+            out[c] = short_vm[base[c]] + (" A/A" if c != base[c] else "")
+    return out
+
+
+def _short(cells: list[str]) -> dict[str, str]:
     parts = [c.split("/") for c in cells]
     if not parts:
         return {}

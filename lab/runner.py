@@ -3,6 +3,20 @@
 A cell that fails is marked failed with the stage it reached and the error; the other cells go
 on, and everything already measured stays stored. Teardown runs in `finally` (Ctrl-C and
 SIGTERM included); a teardown failure fails the run loudly.
+
+Order ([suite] order): "sequential" runs the cells in matrix order, "random" in a seeded shuffle,
+each cell booted once for all its repetitions. "interleaved" runs rounds: in each round every
+cell still being measured is booted, runs the warm-ups and `repetitions_per_boot` measured
+repetitions of each workload, and is destroyed, in a fresh seeded shuffle per round. Drift of the
+host over the run (thermal, a neighbour, a cache warming up) then spreads over every cell instead
+of landing on whichever ran last, and each cell's repetitions come from several boots, so its CI
+also covers boot-to-boot variation. Only one VM is up at a time, so memory is never the limit
+and no idle VM disturbs a measurement; the price is a boot per round. Every workload execution
+is recorded in the store as it starts and ends (Store.executions): the executed order.
+
+Repetitions: fixed n, or adaptive (target_ci_pct): repeat until the 95 % CI of the median of
+each throughput-like metric is within the target, or a budget (max_repetitions, max_seconds per
+cell and workload) is spent (lab.schedule).
 """
 
 from __future__ import annotations
@@ -18,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from lab import IMAGES_DIR, __version__, hostinfo, images, osfacts, plan, tuning
+from lab import IMAGES_DIR, __version__, hostinfo, images, osfacts, plan, schedule, tuning
 from lab.backends import backend_class
 from lab.config import LabConfig, host_settings
 from lab.errors import LabError, TeardownError, VerificationError
@@ -77,16 +91,22 @@ def workload_params(cfg: LabConfig, name: str) -> dict[str, Any]:
 BOOT_ESTIMATE_S = 35.0  # TCG boot to SSH of the golden image, plus clone and teardown
 
 
-def estimate_seconds(cfg: LabConfig, cells: list[plan.Cell]) -> float:
-    """Rough: boot + per workload (duration + overhead) x (repetitions + warm-up)."""
-    per_cell = BOOT_ESTIMATE_S
-    runs = cfg.suite.repetitions + cfg.suite.warmup
-    for name in cfg.suite.workloads:
+def estimate_seconds(cfg: LabConfig, cells: list[plan.Unit]) -> float:
+    """Rough: boots + per workload (duration + overhead) x (repetitions + warm-ups). Adaptive
+    repetition counts its minimum (suite.repetitions)."""
+    suite = cfg.suite
+    boots = len(plan.rounds(suite.repetitions, suite.repetitions_per_boot)) if suite.order == "interleaved" else 1
+    per_rep = 0.0
+    for name in suite.workloads:
         wl = load_all()[name]
         params = workload_params(cfg, name)
         est = getattr(wl, "estimate_seconds", None)
-        per_cell += runs * (est(params) if est else float(params.get("time", params.get("duration", 10))) + 3)
-    return per_cell * len(cells)
+        per_rep += est(params) if est else float(params.get("time", params.get("duration", 10))) + 3
+    total = 0.0
+    for c in cells:
+        total += (0 if c.kind == plan.BARE_METAL else boots * BOOT_ESTIMATE_S)
+        total += (suite.repetitions + boots * suite.warmup) * per_rep
+    return total
 
 
 @dataclass
@@ -99,6 +119,9 @@ class RunContext:
     clients: dict[str, Any] = field(default_factory=dict)
     host_fp: dict[str, int] = field(default_factory=dict)
     teardown_failures: list[str] = field(default_factory=list)
+    # repetition policy state per (cell id, workload): what was measured, why it stopped
+    tallies: dict[tuple[str, str], schedule.Tally] = field(default_factory=dict)
+    rounds: list[list[str]] = field(default_factory=list)  # interleaved: the cells of each round, in order
 
 
 def build_backends(cfg: LabConfig, hosts: set[str]) -> dict[str, Any]:
@@ -114,18 +137,17 @@ def build_backends(cfg: LabConfig, hosts: set[str]) -> dict[str, Any]:
     return out
 
 
-def prepare(cfg: LabConfig) -> tuple[list[plan.Cell], dict[str, Any], dict[str, Any]]:
+def prepare(cfg: LabConfig) -> tuple[list[plan.Unit], dict[str, Any], dict[str, Any]]:
     """Everything that can fail before anything is created: cells, images, backends' checks."""
-    cells = plan.cells(cfg)
+    cells = plan.units(cfg)
     # Secrets and hosts first: a wrong token or an unreachable host is the first thing to fix.
     backends = build_backends(cfg, {c.host for c in cells})
     for b in backends.values():
         b.check()
-    imgs = {name: images.load(name) for name in sorted({c.image for c in cells})}
-    for host, image in sorted({(c.host, c.image) for c in cells}):
-        check_image = getattr(backends[host], "check_image", None)  # is the golden on that host?
-        if check_image is not None:
-            check_image(imgs[image])
+    imgs = {name: images.load(name) for name in sorted({c.image for c in cells if c.kind == "vm"})}
+    for host, b in backends.items():
+        if hasattr(b, "check_images"):  # e.g. Proxmox: a template per image on every node it may use
+            b.check_images([imgs[name] for name in sorted({c.image for c in cells if c.kind == "vm" and c.host == host})])
     return cells, imgs, backends
 
 
@@ -143,6 +165,7 @@ def run_lab(cfg: LabConfig, store: Store, reporter: Reporter | None = None, *, r
         seed = cfg.suite.seed if cfg.suite.seed is not None else random.SystemRandom().randrange(2**31)
     ordered = plan.order(cells, cfg.suite.order, seed)
     manifest["order"] = [c.id for c in ordered]
+    manifest["schedule"] = schedule.describe(cfg.suite, seed)
     if resume:
         ordered = [c for c in ordered if c.id in todo]
         for c in ordered:
@@ -151,8 +174,9 @@ def run_lab(cfg: LabConfig, store: Store, reporter: Reporter | None = None, *, r
     else:
         store.create_run(run_id, cfg.lab.name, config_path=str(Path(cfg.source).resolve()), config_text=config_text,
                          seed=seed, lab_version=__version__, manifest=manifest)
+        n_matrix = sum(1 for c in cells if c.kind == "vm" and c.replica == 1)
         for c in cells:
-            store.add_cell(run_id, c.id, c.index, c.label, c.axes())
+            store.add_cell(run_id, c.id, plan.store_index(c, n_matrix), c.label, c.axes())
     # Leftovers of dead runs on these hosts go before anything new is made.
     from lab import gc
 
@@ -163,15 +187,23 @@ def run_lab(cfg: LabConfig, store: Store, reporter: Reporter | None = None, *, r
     for e in swept.errors:
         reporter.warn(f"could not sweep: {e}")
     ctx = RunContext(cfg, store, run_id, reporter, backends)
-    reporter.run_started(run_id, ordered, estimate_seconds(cfg, ordered))
+    interleaved = cfg.suite.order == "interleaved"
+    n_rounds = len(plan.rounds(cfg.suite.repetitions, cfg.suite.repetitions_per_boot)) if interleaved else 1
+    reporter.run_started(run_id, ordered * n_rounds, estimate_seconds(cfg, ordered))
     status, error = "failed", None
     try:
         for host, backend in backends.items():
             ctx.clients[host] = backend.open_run(run_id)
             facts = hostinfo.snapshot(host, backend)
             ctx.host_fp[host] = store.add_host_facts(run_id, host, hostinfo.fingerprint(facts), facts)
-        for pos, cell in enumerate(ordered, start=1):
-            run_cell(ctx, cell, imgs[cell.image], pos, len(ordered))
+            mtu = hostinfo.run_bridge_mtu(ctx.clients[host])
+            if mtu:
+                manifest.setdefault("run_bridge_mtu", {})[host] = mtu
+        if interleaved:
+            run_rounds(ctx, ordered, imgs, seed)
+        else:
+            for pos, cell in enumerate(ordered, start=1):
+                run_unit(ctx, cell, imgs, pos, len(ordered))
         status = "done"
     except Interrupted:
         status, error = "interrupted", "interrupted by signal"
@@ -187,6 +219,9 @@ def run_lab(cfg: LabConfig, store: Store, reporter: Reporter | None = None, *, r
                 except LabError as exc:
                     ctx.teardown_failures.append(f"{host}: {exc}")
         manifest["backends"] = {h: b.facts() for h, b in backends.items()}
+        manifest["repetitions"] = schedule.outcome(ctx.tallies)
+        if ctx.rounds:
+            manifest["rounds"] = ctx.rounds
         store.update_manifest(run_id, manifest)
         if ctx.teardown_failures:
             status = "failed"
@@ -221,7 +256,44 @@ def _resumable(store: Store, ref: str, cells: list[plan.Cell], manifest: dict[st
     return run.id, int(run.seed or 0), todo
 
 
-def run_cell(ctx: RunContext, cell: plan.Cell, image, position: int, total: int) -> str:
+def run_unit(ctx: RunContext, unit: plan.Unit, imgs: dict[str, Any], position: int, total: int, *,
+             round_no: int = 1, quota: int | None = None, final: bool = True) -> str:
+    """One boot of a cell (or one set-up of the bare-metal cell); its status afterwards."""
+    if unit.kind == plan.BARE_METAL:
+        return run_bare_metal(ctx, unit, position, total, round_no=round_no, quota=quota, final=final)
+    return run_cell(ctx, unit, imgs[unit.image], position, total, round_no=round_no, quota=quota, final=final)
+
+
+def run_rounds(ctx: RunContext, units: list[plan.Unit], imgs: dict[str, Any], seed: int) -> None:
+    """order = "interleaved": rounds of boot -> warm-ups + a few repetitions -> destroy, each round
+    in its own seeded order, until every cell has its repetitions (or, adaptive, its CI or budget).
+    A cell that fails or is n/a leaves the rounds; the others go on."""
+    suite = ctx.cfg.suite
+    fixed = plan.rounds(suite.repetitions, suite.repetitions_per_boot) if suite.target_ci_pct is None else None
+    live = list(units)
+    position, planned = 0, len(units) * len(fixed or [1])
+    round_no = 0
+    while live:
+        round_no += 1
+        if fixed is not None and round_no > len(fixed):
+            break
+        order = plan.round_order(live, seed, round_no)
+        ctx.rounds.append([u.id for u in order])
+        quota = fixed[round_no - 1] if fixed is not None else suite.repetitions_per_boot
+        statuses = {}
+        for unit in order:
+            position += 1
+            statuses[unit.id] = run_unit(ctx, unit, imgs, position, max(planned, position), round_no=round_no,
+                                         quota=quota, final=False)
+        live = [u for u in order if statuses[u.id] == CellStatus.PENDING
+                and not all(ctx.tallies[(u.id, w)].stopped for w in suite.workloads if (u.id, w) in ctx.tallies)]
+    for cell in ctx.store.cells(ctx.run_id):  # measured to the end: pending (between rounds) becomes done
+        if cell.status == CellStatus.PENDING and cell.cell_id in {u.id for u in units}:
+            ctx.store.cell_update(ctx.run_id, cell.cell_id, status=CellStatus.DONE)
+
+
+def run_cell(ctx: RunContext, cell: plan.Cell, image, position: int, total: int, *, round_no: int = 1,
+             quota: int | None = None, final: bool = True) -> str:
     cfg, store, rid = ctx.cfg, ctx.store, ctx.run_id
     backend = ctx.backends[cell.host]
     client = ctx.clients[cell.host]
@@ -232,7 +304,7 @@ def run_cell(ctx: RunContext, cell: plan.Cell, image, position: int, total: int)
                   memory_mib=cell.memory_mib, disk_bus=cell.disk_bus, clone=cell.clone, expires_at=expires,
                   labels={"run": rid, "cell": cell.id})
     ctx.reporter.cell_started(cell, position, total)
-    store.cell_update(rid, cell.id, status=CellStatus.RUNNING, stage="lease", vm_name=vm_name, started=True)
+    store.cell_update(rid, cell.id, status=CellStatus.RUNNING, stage="lease", vm_name=vm_name, started=round_no == 1)
     stage = "lease"
     cell_facts: dict[str, Any] = {"image_digest": image.digest, "image_sha256": image.sha256,
                                   "clone": cell.clone.value, "host_facts_id": ctx.host_fp.get(cell.host)}
@@ -272,8 +344,9 @@ def run_cell(ctx: RunContext, cell: plan.Cell, image, position: int, total: int)
                        "accel": vm.facts.get("accel"), "host_facts_id": ctx.host_fp.get(cell.host),
                        "tools": image.manifest.get("tools", {})}
         store.cell_update(rid, cell.id, facts=cell_facts)
-        run_workloads(ctx, cell, guest, client, image.os, address, labels_base, enter)
-        status = CellStatus.DONE
+        run_workloads(ctx, cell, guest, client, image.os, address, labels_base, enter, round_no=round_no,
+                      quota=quota)
+        status = CellStatus.DONE if final else CellStatus.PENDING
         return status
     except LabError as exc:
         error = f"{stage}: {exc}"
@@ -289,42 +362,148 @@ def run_cell(ctx: RunContext, cell: plan.Cell, image, position: int, total: int)
             ctx.reporter.stage(cell, "teardown")
             if guest is not None:
                 guest.close()
-            if vm is not None:
-                try:
-                    backend.destroy(vm)
-                except LabError as exc:
-                    ctx.teardown_failures.append(str(exc))
-                    status, error = CellStatus.FAILED, f"teardown: {exc}"
-                else:
-                    store.release_lease(lease_id)
-            else:
-                store.release_lease(lease_id)
-            store.cell_update(rid, cell.id, status=status, error=error, facts=cell_facts, finished=True)
-            ctx.reporter.cell_finished(cell, status, error)
+            status, error = finish_cell(ctx, cell, backend, vm, lease_id, status, error, cell_facts)
 
 
-def run_workloads(ctx: RunContext, cell: plan.Cell, guest: Guest, client, os_name: str, address: str,
-                  labels_base: dict[str, Any], enter) -> None:
+def finish_cell(ctx: RunContext, cell: plan.Unit, backend, vm: Vm | None, lease_id: int, status: str,
+                error: str | None, cell_facts: dict[str, Any]) -> tuple[str, str | None]:
+    """The end of a cell's life (in its `finally`): destroy what was made, release the lease only
+    then, record the outcome. A teardown failure fails the cell and, loudly, the run."""
+    if vm is not None:
+        try:
+            backend.destroy(vm)
+        except LabError as exc:
+            ctx.teardown_failures.append(str(exc))
+            status, error = CellStatus.FAILED, f"teardown: {exc}"
+        else:
+            ctx.store.release_lease(lease_id)
+    else:
+        ctx.store.release_lease(lease_id)
+    ctx.store.cell_update(ctx.run_id, cell.id, status=status, error=error, facts=cell_facts, finished=True)
+    ctx.reporter.cell_finished(cell, status, error)
+    return status, error
+
+
+def run_workloads(ctx: RunContext, cell: plan.Unit, guest, client, os_name: str, address: str,
+                  labels_base: dict[str, Any], enter, *, vcpus: int | None = None, round_no: int = 1,
+                  quota: int | None = None, skipped: dict[str, str] | None = None) -> None:
+    """Warm-ups (discarded), then measured repetitions of each workload until the repetition
+    policy stops it (lab.schedule), or `quota` repetitions in this boot (interleaved rounds).
+    Every execution is recorded as it starts and ends; raw output is stored before parsing.
+    `skipped`: a workload whose prepare fails is recorded there and skipped instead of failing the
+    cell (the bare-metal cell: a tool the host lacks)."""
     cfg, store, rid = ctx.cfg, ctx.store, ctx.run_id
     workloads = load_all()
+    seed = store.run(rid).seed or 0
     for name in cfg.suite.workloads:
+        tally = ctx.tallies.setdefault((cell.id, name), schedule.Tally())
+        if tally.stopped:
+            continue  # measured enough in an earlier round, or skipped
         wl = workloads[name]
-        wctx = WorkloadContext(guest=guest, client=client, os=os_name, vcpus=cell.vcpus,
+        wctx = WorkloadContext(guest=guest, client=client, os=os_name, vcpus=vcpus or cell.vcpus,
                                params=workload_params(cfg, name), guest_address=address)
         enter("workloads", f"{name}: prepare")
-        wl.prepare(wctx)
-        total = cfg.suite.warmup + cfg.suite.repetitions
-        for i in range(total):
-            rep = i - cfg.suite.warmup  # warm-ups are negative and yield no samples
-            enter("workloads", f"{name} {'warm-up' if rep < 0 else f'{rep + 1}/{cfg.suite.repetitions}'}")
-            raw = wl.run(wctx, rep)
-            raw_id = store.add_raw(rid, cell.id, rep, raw)  # stored before parsing: nothing is lost
-            if rep < 0:
-                continue
-            samples = wl.parse(raw)
-            stamped = [type(s)(s.metric, s.value, s.unit, s.higher_is_better,
-                               {**labels_base, **s.labels, "repetition": rep}) for s in samples]
-            store.add_samples(rid, cell.id, raw_id, name, rep, stamped)
+        try:
+            wl.prepare(wctx)
+        except LabError as exc:
+            if skipped is None:
+                raise
+            skipped[name] = str(exc)
+            tally.stop(f"skipped: {exc}")
+            continue
+        where = f" (round {round_no})" if quota is not None else ""
+
+        def execute(rep: int, detail: str) -> None:
+            enter("workloads", f"{name} {detail}{where}")
+            eid = store.start_execution(rid, cell.id, round_no, name, rep)
+            try:
+                raw = wl.run(wctx, rep)
+                raw_id = store.add_raw(rid, cell.id, rep, raw)  # stored before parsing: nothing is lost
+                if rep >= 0:
+                    samples = wl.parse(raw)
+                    stamped = [type(s)(s.metric, s.value, s.unit, s.higher_is_better,
+                                       {**labels_base, **s.labels, "repetition": rep, "round": round_no})
+                               for s in samples]
+                    store.add_samples(rid, cell.id, raw_id, name, rep, stamped)
+                    tally.add(stamped, raw.seconds)
+            except BaseException as exc:
+                store.finish_execution(eid, "failed", error=str(exc) or type(exc).__name__)
+                raise
+            store.finish_execution(eid, "ok", raw_id=raw_id)
+
+        for w in range(cfg.suite.warmup):
+            execute(w - cfg.suite.warmup, "warm-up")  # warm-ups are negative and yield no samples
+        done = 0
+        while not tally.stopped and (quota is None or done < quota):
+            execute(tally.n, f"{tally.n + 1}/{schedule.planned(cfg.suite)}")
+            done += 1
+            tally.update(cfg.suite, seed=seed)
+
+
+def run_bare_metal(ctx: RunContext, cell: plan.BareMetalCell, position: int, total: int, *, round_no: int = 1,
+                   quota: int | None = None, final: bool = True) -> str:
+    """The bare-metal cell's life, as run_cell's: lease -> namespace, veth, cgroup (and nginx) ->
+    workloads -> teardown in `finally`. A workload whose tool the host lacks is skipped, recorded."""
+    from lab import baremetal
+
+    cfg, store, rid = ctx.cfg, ctx.store, ctx.run_id
+    backend, client = ctx.backends[cell.host], ctx.clients[cell.host]
+    name = f"lab-{rid}-{cell.id}"
+    expires = time.time() + cfg.lab.lease_minutes * 60
+    ctx.reporter.cell_started(cell, position, total)
+    store.cell_update(rid, cell.id, status=CellStatus.RUNNING, stage="lease", vm_name=name, started=round_no == 1)
+    stage = "lease"
+    cell_facts: dict[str, Any] = {"kind": plan.BARE_METAL, "accel": "none", "host_facts_id": ctx.host_fp.get(cell.host)}
+
+    def enter(stage_name: str, detail: str = "") -> None:
+        nonlocal stage
+        stage = stage_name
+        store.cell_update(rid, cell.id, stage=stage_name)
+        ctx.reporter.stage(cell, stage_name, detail)
+
+    lease_id = store.add_lease(rid, cell.id, cell.host, backend.name, name, expires)
+    bm = None
+    status, error = CellStatus.FAILED, None
+    skipped: dict[str, str] = {}
+    try:
+        enter("clone", "namespace, veth, cgroup")
+        bm = baremetal.create(backend, rid, cell, expires, bridge_ns=client.netns)
+        cell_facts.update(bm.facts)
+        enter("verify")
+        cell_facts["verified"] = baremetal.describe(bm)
+        cell_facts["tuning"] = baremetal.effective_tuning(bm)
+        web = [w for w in ("http", "https") if w in cfg.suite.workloads
+               and not ctx.tallies.get((cell.id, w), schedule.Tally()).stopped]
+        if web:
+            why = baremetal.start_nginx(bm, cfg.matrix.image[0])
+            cell_facts.update({k: v for k, v in bm.facts.items() if k == "nginx"})
+            for w in web if why else ():
+                skipped[w] = why
+                ctx.tallies.setdefault((cell.id, w), schedule.Tally()).stop(f"skipped: {why}")
+        enter("workloads")
+        labels_base = {**cell.axes(), "accel": "none", "host_facts_id": ctx.host_fp.get(cell.host)}
+        store.cell_update(rid, cell.id, facts=cell_facts)
+        run_workloads(ctx, cell, bm.guest, client, baremetal.OS, bm.address, labels_base, enter,
+                      vcpus=cell_facts["verified"]["vcpus"], round_no=round_no, quota=quota, skipped=skipped)
+        status = CellStatus.DONE if final else CellStatus.PENDING
+        return status
+    except LabError as exc:
+        error = f"{stage}: {exc}"
+        ctx.reporter.warn(f"{cell.id} failed at {stage}: {exc}")
+        return status
+    except Interrupted:
+        error = f"{stage}: interrupted"
+        raise
+    finally:
+        with shielded():
+            if skipped:
+                ctx.reporter.warn(f"{cell.id}: skipped on bare metal: "
+                                  + "; ".join(f"{w}: {r}" for w, r in skipped.items()))
+            gone = schedule.skipped(ctx.tallies, cell.id)  # this round's and earlier rounds'
+            if gone:
+                cell_facts["skipped_workloads"] = gone
+            ctx.reporter.stage(cell, "teardown")
+            status, error = finish_cell(ctx, cell, backend, bm.vm if bm else None, lease_id, status, error, cell_facts)
 
 
 def verify(guest: Guest, facts: osfacts.OsFacts, spec: VmSpec) -> dict[str, Any]:

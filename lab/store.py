@@ -102,6 +102,25 @@ MIGRATIONS: list[str] = [
         PRIMARY KEY (run_id, host)
     );
     """,
+    # 2: the executed order: one row per workload execution (warm-ups included), written when it
+    # starts and completed when it ends, so the order of cells and repetitions a run really
+    # followed (and where it was cut short) is in the store, not only the planned order.
+    """
+    CREATE TABLE executions (
+        id INTEGER PRIMARY KEY,          -- the execution order
+        run_id TEXT NOT NULL,
+        cell_id TEXT NOT NULL,
+        round INTEGER NOT NULL,          -- 1 unless the run interleaves cells in rounds
+        workload TEXT NOT NULL,
+        repetition INTEGER NOT NULL,     -- warm-ups are negative, as in raw_outputs
+        started_at REAL NOT NULL,
+        finished_at REAL,
+        outcome TEXT NOT NULL,           -- running | ok | failed
+        raw_id INTEGER,
+        error TEXT
+    );
+    CREATE INDEX executions_run ON executions(run_id, id);
+    """,
 ]
 
 
@@ -142,6 +161,20 @@ class SampleRow:
     higher_is_better: bool | None
     repetition: int
     labels: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ExecutionRow:
+    seq: int
+    cell_id: str
+    round: int
+    workload: str
+    repetition: int
+    started_at: float
+    finished_at: float | None
+    outcome: str  # running (never finished: the run was killed) | ok | failed
+    raw_id: int | None
+    error: str | None
 
 
 def _j(value: Any) -> str:
@@ -340,13 +373,41 @@ class Store:
         return [SampleRow(r[0], r[1], r[2], r[3], r[4], r[5], None if r[6] is None else bool(r[6]), r[7],
                           json.loads(r[8])) for r in rows]
 
+    # -- the executed order ---------------------------------------------------------------------
+    def start_execution(self, run_id: str, cell_id: str, round_no: int, workload: str, repetition: int) -> int:
+        cur = self.db.execute(
+            "INSERT INTO executions (run_id, cell_id, round, workload, repetition, started_at, outcome)"
+            " VALUES (?, ?, ?, ?, ?, ?, 'running')", (run_id, cell_id, round_no, workload, repetition, time.time()))
+        return int(cur.lastrowid)
+
+    def finish_execution(self, execution_id: int, outcome: str, raw_id: int | None = None,
+                         error: str | None = None) -> None:
+        self.db.execute("UPDATE executions SET outcome = ?, raw_id = ?, error = ?, finished_at = ? WHERE id = ?",
+                        (outcome, raw_id, error, time.time(), execution_id))
+
+    def executions(self, run_id: str) -> list[ExecutionRow]:
+        rows = self.db.execute(
+            "SELECT id, cell_id, round, workload, repetition, started_at, finished_at, outcome, raw_id, error"
+            " FROM executions WHERE run_id = ? ORDER BY id", (run_id,)).fetchall()
+        return [ExecutionRow(*r) for r in rows]
+
     # -- host facts ---------------------------------------------------------------------------
-    def add_host_facts(self, run_id: str, host: str, fingerprint: str, facts: dict[str, Any]) -> int:
+    def save_host_facts(self, host: str, fingerprint: str, facts: dict[str, Any]) -> int:
+        """Store a host's facts once per distinct fingerprint; the id of the stored row."""
         row = self.db.execute("SELECT id FROM host_facts WHERE host = ? AND fingerprint = ?",
                               (host, fingerprint)).fetchone()
-        fid = row[0] if row else int(self.db.execute(
+        return row[0] if row else int(self.db.execute(
             "INSERT INTO host_facts (host, fingerprint, facts, taken_at) VALUES (?, ?, ?, ?)",
             (host, fingerprint, _j(facts), time.time())).lastrowid)
+
+    def runs_of_host_facts(self, host_facts_id: int) -> list[str]:
+        """The runs that ran on a host while it had this fingerprint."""
+        rows = self.db.execute("SELECT run_id FROM run_hosts WHERE host_facts_id = ? ORDER BY run_id",
+                               (host_facts_id,)).fetchall()
+        return [r[0] for r in rows]
+
+    def add_host_facts(self, run_id: str, host: str, fingerprint: str, facts: dict[str, Any]) -> int:
+        fid = self.save_host_facts(host, fingerprint, facts)
         self.db.execute("INSERT OR REPLACE INTO run_hosts (run_id, host, host_facts_id) VALUES (?, ?, ?)",
                         (run_id, host, fid))
         return fid

@@ -11,20 +11,12 @@ from dataclasses import dataclass, field
 
 import jinja2
 
-from lab import TEMPLATES_DIR
+from lab import TEMPLATES_DIR, osfacts
 from lab.errors import LabError
 from lab.osfacts import OsFacts
 
 DEFAULT = "default"
 
-# Keys read back (and recorded) on every cell, whatever the profile, per OS family.
-WATCHED = {
-    "linux": ["net.ipv4.tcp_congestion_control", "net.core.rmem_max", "net.core.wmem_max",
-              "net.ipv4.tcp_rmem", "net.ipv4.tcp_wmem"],
-    "freebsd": ["kern.ipc.maxsockbuf", "net.inet.tcp.functions_default"],
-    "netbsd": ["kern.sbmax", "net.inet.tcp.congctl.selected"],
-    "openbsd": [],
-}
 
 
 @dataclass(frozen=True)
@@ -48,7 +40,7 @@ def render(os_name: str, profile: str) -> dict[str, str] | None:
     """Pure: the key -> value pairs a profile asks for on an OS, or None if it has no template."""
     if profile == DEFAULT:
         return {}
-    path = TEMPLATES_DIR / "sysctl" / os_name / f"{profile}.j2"
+    path = TEMPLATES_DIR / "sysctl" / osfacts.facts(os_name).sysctl_templates / f"{profile}.j2"
     if not path.is_file():
         return None
     text = jinja2.Template(path.read_text(), undefined=jinja2.StrictUndefined).render()
@@ -74,7 +66,7 @@ def apply(guest, facts: OsFacts, profile: str) -> Applied:
         return Applied(profile, False, reason=f"profile {profile!r} has no template for {facts.name}")
     for key, value in wanted.items():
         guest.run(facts.sysctl_set.format(key=key, value=shlex.quote(value)), timeout=30)
-    keys = list(dict.fromkeys([*WATCHED.get(facts.family, []), *wanted]))
+    keys = list(dict.fromkeys([*facts.sysctl_watched, *wanted]))
     effective = read(guest, facts, keys)
     mismatched = [k for k, v in wanted.items() if normalise(effective.get(k, "")) != normalise(v)]
     if mismatched:

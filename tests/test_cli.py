@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 
 from conftest import run_lab_cli
+from pve_emulator.fixtures import pve_certs_fixture, pve_fixture  # noqa: F401  (fixtures)
 
 
 def _closed_port() -> int:
@@ -73,4 +74,49 @@ def test_plan_shows_cells_and_estimate(tmp_path):
     res = run_lab_cli("plan", "-c", str(tmp_path / "lab.toml"), cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     assert "4 cells" in res.stdout and "c04" in res.stdout and "estimated time" in res.stdout
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["lab.toml"]
+
+
+def _pve_toml(tmp_path, emu, token_env: str) -> None:
+    (tmp_path / "lab.toml").write_text(f"""
+[hosts.pve1]
+backend = "proxmox"
+url = "{emu.url}"
+node = "pve1"
+token = "env:{token_env}"
+ca_file = "{emu.certs.ca_file}"
+template = 9000
+[matrix]
+host = ["pve1"]
+""")
+
+
+def test_bad_token_and_missing_privilege_on_the_cli_are_exit_2_without_secrets(tmp_path, pve):
+    from pve_emulator.fixtures import VM_PRIVS
+
+    _pve_toml(tmp_path, pve, "LAB_TEST_PVE_TOKEN")
+    wrong = "lab@pve!lab=0bad5ec7-0000-4000-8000-5ec7e7000000"
+    res = run_lab_cli("run", "-c", str(tmp_path / "lab.toml"), cwd=tmp_path, timeout=120,
+                      env={"LAB_TEST_PVE_TOKEN": wrong})
+    _one_line_exit_2(res, "authentication failed (401) for token lab@pve!lab")
+    assert "0bad5ec7" not in res.stderr + res.stdout
+    pve.add_token("lab@pve!audit", "5ec7-audit-only", acl={"/vms": VM_PRIVS - {"VM.Audit"}})
+    res = run_lab_cli("run", "-c", str(tmp_path / "lab.toml"), cwd=tmp_path, timeout=120,
+                      env={"LAB_TEST_PVE_TOKEN": "lab@pve!audit=5ec7-audit-only"})
+    _one_line_exit_2(res, "lab@pve!audit lacks a privilege: Permission check failed (/vms/9000, VM.Audit)")
+    assert "5ec7-audit-only" not in res.stderr + res.stdout
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["lab.toml"]  # no results store, nothing made
+    assert pve.vm_ids() == []
+
+
+def test_unknown_node_on_the_cli_is_exit_2_naming_the_key(tmp_path, pve):
+    _pve_toml(tmp_path, pve, "LAB_TEST_PVE_TOKEN")
+    text = (tmp_path / "lab.toml").read_text().replace('node = "pve1"', 'node = "pve1"\nnodes = ["pve1", "pve3"]')
+    (tmp_path / "lab.toml").write_text(text)
+    from pve_emulator.fixtures import TOKEN_ID, TOKEN_SECRET
+
+    res = run_lab_cli("run", "-c", str(tmp_path / "lab.toml"), cwd=tmp_path, timeout=120,
+                      env={"LAB_TEST_PVE_TOKEN": f"{TOKEN_ID}={TOKEN_SECRET}"})
+    _one_line_exit_2(res, "hosts.pve1.nodes[1] = 'pve3': no such node in the cluster", "its nodes: pve1, pve2")
+    assert TOKEN_SECRET not in res.stderr + res.stdout
     assert sorted(p.name for p in tmp_path.iterdir()) == ["lab.toml"]

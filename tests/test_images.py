@@ -25,6 +25,7 @@ def _fake_stage(tmp_path: Path) -> dict[str, str]:
     stage = tmp_path / "stage"
     (stage / "site").mkdir(parents=True)
     (stage / "nginx.conf").write_text("events {}\n")
+    (stage / images.CONTAINER_TARBALL).write_bytes(b"")
     disk = tmp_path / "base.qcow2"
     disk.write_bytes(b"")
     for name in ("vmlinuz", "initrd.img"):
@@ -35,8 +36,9 @@ def _fake_stage(tmp_path: Path) -> dict[str, str]:
             "console_log": str(tmp_path / "console.log")}
 
 
-def _validate(template: Path, pvars: dict[str, str]) -> proc.Result:
-    argv = ["packer", "validate", *[a for k, v in pvars.items() for a in ("-var", f"{k}={v}")], template]
+def _validate(template: Path, pvars: dict[str, str], only: str = "qemu.debian12") -> proc.Result:
+    argv = ["packer", "validate", f"-only={only}", *[a for k, v in pvars.items() for a in ("-var", f"{k}={v}")],
+            template]
     return proc.run(argv, timeout=60, check=False, env={"CHECKPOINT_DISABLE": "1"})
 
 
@@ -56,6 +58,13 @@ def test_packer_validate_catches_a_broken_template(tmp_path):
     res = _validate(broken, _fake_stage(tmp_path))
     assert res.returncode != 0
     assert "accelerator" in (res.stdout + res.stderr)
+
+
+def test_debian_build_selects_the_qemu_source():
+    # The template also has a proxmox-iso source that needs a PVE node: the local build must not run it.
+    import inspect
+
+    assert '"-only=qemu.{name}"' in inspect.getsource(images._build).replace("f\"-only", "\"-only")
 
 
 def test_packer_template_keeps_the_build_contract():

@@ -93,7 +93,7 @@ def test_default_shape_lab_virtio_beats_e1000(golden, workdir, tmp_path):
     ls = run_lab_cli("ls", "-c", str(cfg))
     assert run.id in ls.stdout and "2/2" in ls.stdout
     # A/A: a run compared with itself shows no difference anywhere.
-    cmp = json.loads(run_lab_cli("compare", run.id, run.id, "-c", str(cfg), "--json").stdout)
+    cmp = json.loads(run_lab_cli("compare", run.id, run.id, "-c", str(cfg), "--json").stdout)["rows"]
     assert cmp and all(r["verdict"] not in ("better", "worse") for r in cmp)
     before = len(store.samples(run.id))
     rep = run_lab_cli("reparse", run.id, "-c", str(cfg))

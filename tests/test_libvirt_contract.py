@@ -114,8 +114,6 @@ def test_qemu_flavour_lifecycle(tmp_path, golden_qcow2, run_id):
     b = qemu_backend(tmp_path)
     b.check()
     assert b.lib_version >= 9_000_000
-    facts = b.facts()  # the host's shape goes into lab.hostinfo's fingerprint
-    assert facts["host_cpus"] == 16 and facts["host_topology"] == "2s/2c/2t"  # the test driver's node
     spec = spec_for(golden_qcow2, run_id, ip="10.78.9.10")
     vm = b.clone(golden_qcow2, spec)
 

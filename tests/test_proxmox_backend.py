@@ -322,8 +322,10 @@ def test_wrong_node_or_template_is_a_usage_error(pve):
     with pytest.raises(UsageError, match=r"template 9000 not found on node pve2: .*nodes/pve2/qemu-server/"
                                          r"9000.conf' does not exist"):
         b.check()
-    with pytest.raises(UsageError, match="hostname lookup 'pve9' failed"):
+    with pytest.raises(UsageError) as err:
         ProxmoxBackend("pve1", backend_settings(pve, node="pve9")).check()
+    assert str(err.value) == (f"lab.toml: hosts.pve1.node = 'pve9': no such node in the cluster at {pve.url}; "
+                              "its nodes: pve1, pve2") and err.value.exit_code == 2
     b = ProxmoxBackend("pve1", backend_settings(pve))
     vm = b.clone(IMAGE, spec())
     with pytest.raises(UsageError, match=f"VM {vm.handle['vmid']} on node pve1 is not a template"):

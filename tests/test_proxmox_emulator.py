@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
+from urllib.parse import quote
 
 import pytest
 import requests
 from proxmoxer import ProxmoxAPI
 from proxmoxer.core import ResourceException
 from pve_emulator import Schema, validate
+
+from lab import proc
 from pve_emulator.fixtures import TEMPLATE_VMID, TOKEN_ID, TOKEN_SECRET, pve_certs_fixture, pve_fixture  # noqa: F401
 
 ENUM = ("e1000, e1000-82540em, e1000-82544gc, e1000-82545em, e1000e, i82551, i82557b, i82559er, "
@@ -189,9 +193,29 @@ def test_schema_validate_offline():
     assert errors == {"memory": "type check ('integer') failed - got 'current=2048'"}
 
 
-def test_create_then_template_then_linked_clone(pve):
+
+
+def wait(node, upid, timeout=5.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while (st := node.tasks(upid).status.get())["status"] != "stopped":
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    return st
+
+
+def small_qcow2(tmp_path, name="alpine.qcow2") -> Path:
+    path = tmp_path / name
+    proc.run(["qemu-img", "create", "-q", "-f", "qcow2", path, "16M"])
+    return path
+
+
+def test_upload_then_create_with_import_from_then_template_then_linked_clone(pve, tmp_path):
     px = api(pve)
     node = px.nodes("pve1")
+    with open(small_qcow2(tmp_path), "rb") as fh:
+        upid = node.storage("local").upload.post(content="import", filename=fh)
+    assert upid.split(":")[5] == "imgcopy" and wait(node, upid)["exitstatus"] == "OK"
+    assert "local:import/alpine.qcow2" in pve.volume_ids()
     upid = node.qemu.post(vmid=9100, name="alpine", memory="512", cores=1, agent="1",
                           net0="virtio,bridge=vmbr0", scsi0="local-lvm:0,import-from=local:import/alpine.qcow2",
                           ide2="local-lvm:cloudinit", boot="order=scsi0", serial0="socket", vga="serial0")
@@ -199,15 +223,66 @@ def test_create_then_template_then_linked_clone(pve):
         node.qemu(9100).template.post()
     with pytest.raises(ResourceException, match="VM 9100 already exists on node 'pve1'"):
         node.qemu.post(vmid=9100)
-    deadline = time.monotonic() + 5
-    while node.tasks(upid).status.get()["status"] != "stopped":
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
+    assert wait(node, upid)["exitstatus"] == "OK"
     cfg = node.qemu(9100).config.get()
     assert cfg["scsi0"] == "local-lvm:vm-9100-disk-0" and cfg["net0"].startswith("virtio=BC:24:11:")
-    upid = node.qemu(9100).template.post()
-    while node.tasks(upid).status.get()["status"] != "stopped":
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
+    wait(node, node.qemu(9100).template.post())
     assert node.qemu(9100).config.get()["scsi0"] == "local-lvm:base-9100-disk-0"
-    assert node.qemu(9100).clone.post(newid=9101, full=0).split(":")[5] == "qmclone"
+    assert "local-lvm:base-9100-disk-0" in pve.volume_ids(include_templates=True)
+    wait(node, node.qemu(9100).clone.post(newid=9101, full=0))
+    with pytest.raises(ResourceException, match="volume is used by VM 9100"):
+        node.storage("local-lvm").content(quote("local-lvm:base-9100-disk-0", safe="")).delete()
+    st = wait(node, node.qemu(9100).delete(purge=1))  # a template with a linked clone: fails in the task
+    assert st["exitstatus"] == "base volume 'local-lvm:base-9100-disk-0' is still in use by linked cloned"
+    wait(node, node.qemu(9101).delete(purge=1))
+    assert not [v for v in pve.volume_ids(include_templates=True) if "9101" in v]  # disk, cloud-init drive
+
+
+@pytest.mark.parametrize("pve", ["7.4", "8.4"], indirect=True)
+def test_upload_rules(pve, tmp_path):
+    node = api(pve).nodes("pve1")
+    disk = small_qcow2(tmp_path)
+    img = tmp_path / "golden.img"
+    img.write_bytes(disk.read_bytes())
+    if pve.version == "7.4":  # no `import` content before 8.3
+        with open(disk, "rb") as fh, pytest.raises(ResourceException) as err:
+            node.storage("local").upload.post(content="import", filename=fh)
+        assert err.value.errors == {"content": "value 'import' does not have a value in the enumeration "
+                                               "'iso, vztmpl'"}
+    else:  # where it exists, the storage must allow it
+        with open(disk, "rb") as fh, pytest.raises(ResourceException) as err:
+            node.storage("local-lvm").upload.post(content="import", filename=fh)
+        assert "storage 'local-lvm' does not support 'import' content" in str(err.value)
+        with open(img, "rb") as fh, pytest.raises(ResourceException) as err:  # .img is no import type
+            node.storage("local").upload.post(content="import", filename=fh)
+        assert err.value.errors == {"filename": "invalid filename or wrong extension"}
+    with open(disk, "rb") as fh, pytest.raises(ResourceException) as err:
+        node.storage("local").upload.post(content="iso", filename=fh)
+    assert err.value.errors == {"filename": "wrong file extension"}
+    with pytest.raises(ResourceException, match="unable to proxy file uploads"), open(img, "rb") as fh:
+        node_b = api(pve).nodes("pve2")
+        node_b.storage("local").upload.post(content="iso", filename=fh)
+    with open(img, "rb") as fh:  # a wrong checksum fails in the task, and nothing stays
+        upid = node.storage("local").upload.post(content="iso", filename=fh, checksum="0" * 64,
+                                                 **{"checksum-algorithm": "sha256"})
+    assert wait(node, upid)["exitstatus"].startswith("checksum mismatch")
+    assert pve.volume_ids() == []
+    with open(img, "rb") as fh:
+        wait(node, node.storage("local").upload.post(content="iso", filename=fh))
+    path = node.storage("local").content(quote("local:iso/golden.img", safe="")).get()["path"]
+    assert path == "/var/lib/vz/template/iso/golden.img"
+    # an iso volume cannot be imported by its volid; by its absolute path only as root@pam
+    with pytest.raises(ResourceException) as err:
+        node.qemu.post(vmid=9100, scsi0="local-lvm:0,import-from=local:iso/golden.img")
+    assert err.value.errors == {"scsi0": "local:iso/golden.img has wrong type 'iso' - needs to be 'images' or "
+                                         "'import'"}
+    with pytest.raises(ResourceException) as err:
+        node.qemu.post(vmid=9100, scsi0=f"local-lvm:0,import-from={path}")
+    assert err.value.status_code == 403 and "Only root can pass arbitrary filesystem paths." in str(err.value)
+    with pytest.raises(ResourceException) as err:
+        node.qemu.post(vmid=9100, scsi0=f"local-lvm:4,import-from={path}")
+    assert "'import-from' requires special syntax" in str(err.value)
+    root = ProxmoxAPI(pve.url.removeprefix("https://"), user="root@pam", password="rootpass",
+                      verify_ssl=str(pve.certs.ca_file), timeout=10).nodes("pve1")
+    wait(root, root.qemu.post(vmid=9100, scsi0=f"local-lvm:0,import-from={path}"))
+    assert "local-lvm:vm-9100-disk-0" in pve.volume_ids()

@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import html
 import json
-import os
 import re
-import shutil
 import struct
 import subprocess
 import sys
@@ -24,6 +22,8 @@ import pytest
 from lab import report, stats
 from lab.model import RawOutput, Sample
 from lab.store import Store
+
+from conftest import chromium_render
 
 HOSTILE = '<script>alert("toml")</script>'
 CONFIG_A = f"""[lab]
@@ -186,7 +186,7 @@ def test_comparison_table_verdicts_and_missing(versus):
     rows = re.findall(r'<tr class="([^"]*)" data-verdict="([^"]+)">(.*?)</tr>', table, re.S)
     verdict = {}
     for cls, v, body in rows:
-        cell = re.search(r'<td class="mono">([^<]+)</td>', body).group(1)
+        cell = re.search(r'<td class="mono[^"]*">([^<]+)</td>', body).group(1)
         metric = re.search(r'<span class="mono">([^<]+)</span>', body).group(1)
         verdict[(cell, metric)] = (v, cls.split()[0])
     assert verdict[("virtio", "throughput_mbit_s_tx")] == ("better", "better")
@@ -295,25 +295,11 @@ def _png_size(data: bytes) -> tuple[int, int]:
 
 
 def test_chromium_renders_it(store, tmp_path):
-    chromium = shutil.which("chromium")
-    if chromium is None:
-        if os.environ.get("CI"):
-            pytest.fail("chromium is not installed (apt-get install chromium); required in CI")
-        pytest.skip("chromium not installed (apt-get install -y chromium); CI runs this test")
     page = report.write(store, "run-a", "run-b", tmp_path / "report.html")
     shot = tmp_path / "shot.png"
     started = time.monotonic()
-    proc = subprocess.run(
-        [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         f"--user-data-dir={tmp_path / 'profile'}", "--enable-logging=stderr", "--v=0",
-         f"--screenshot={shot}", "--window-size=1280,2000", "--dump-dom", page.as_uri()],
-        capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    dom_text, console = chromium_render(page, shot, tmp_path / "profile")
     assert time.monotonic() - started < 60
-    # console: no page errors, no failed loads
-    console = [line for line in proc.stderr.splitlines()
-               if "CONSOLE" in line or "Uncaught" in line or "net::ERR" in line or "Failed to load" in line]
     assert not console, console
     # the screenshot: a PNG of the window size with real content
     data = shot.read_bytes()
@@ -326,7 +312,7 @@ def test_chromium_renders_it(store, tmp_path):
     assert colours is not None and len(colours) > 50  # text, bars, tables: not a blank page
     # the DOM the browser built: every chart is an <svg> inside its <figure>, the tables are there
     dom = _Dom()
-    dom.feed(proc.stdout)
+    dom.feed(dom_text)
     figures = len(_figures(page.read_text()))
     assert dom.count.get("figure") == figures == len(CHARTED)
     assert dom.svg_in_figure == figures

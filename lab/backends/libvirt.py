@@ -608,14 +608,8 @@ class LibvirtBackend:
             conn = self.conn
             f["libvirt_version"] = _vs(conn.getLibVersion())
             f["hypervisor_version"] = _vs(conn.getVersion())
-            # the host a result depends on (lab.hostinfo fingerprints these with the run)
-            # (not the MHz getInfo() also reports: it moves with frequency scaling)
-            arch, mem_mib, cpus, _mhz, _nodes, sockets, cores, threads = conn.getInfo()[:8]
-            f.update(host_arch=arch, host_mem_mib=mem_mib, host_cpus=cpus,
-                     host_topology=f"{sockets}s/{cores}c/{threads}t",
-                     host_cpu_model=ET.fromstring(conn.getCapabilities()).findtext("host/cpu/model") or "")
         except Exception:  # facts are informative; an unreachable host fails check(), not this
-            pass
+            pass  # (the host's CPU, microcode, topology: lab.hostinfo reads its capabilities)
         return f
 
     # ---------------------------------------------------------------- disks
@@ -706,6 +700,11 @@ class LibvirtBackend:
             return None
         parts = res.stdout.strip().split("\t")
         return parts[1] if len(parts) == 2 else "-"
+
+    def check_images(self, images: Sequence[ImageRef]) -> None:
+        """runner.prepare's hook: every golden image this host's cells use is there."""
+        for image in images:
+            self.check_image(image)
 
     def check_image(self, image: ImageRef) -> None:
         """Before anything is created: the golden image is on the host and is this recipe.

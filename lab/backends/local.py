@@ -129,6 +129,14 @@ class LocalBackend:
         return {"backend": self.name, "accel": self._accel.value if self._accel else None,
                 "qemu": qemu_version(), "kernel": platform.release()}
 
+    # -- images -------------------------------------------------------------------------------
+    def publish_image(self, image: ImageRef) -> str:
+        """`lab images publish NAME local`: copy the built image into this host's image store,
+        <workdir>/images/<name>/<sha256[:12]>/ (+ a `current` link), verified by sha256."""
+        from lab import images
+
+        return images.publish_local(image, self.workdir / "images")
+
     # -- accelerator ----------------------------------------------------------------------------
     def accel(self, image: ImageRef) -> Accel:
         if self._accel is None:
@@ -265,6 +273,16 @@ class LocalBackend:
             res = proc.run(["ip", "-n", ns, "link", "del", tap], check=False)
             if not res.ok and "Cannot find device" not in res.stderr:
                 problems.append(f"tap {tap}: {res.stderr.strip()}")
+        if ns and vm.handle.get("own_netns"):  # the bare-metal cell's namespace (lab.baremetal)
+            try:
+                remove_netns(ns)  # kills what still runs in it; its veth goes with it
+            except TeardownError as exc:
+                problems.append(str(exc))
+        if vm.handle.get("cgroup"):
+            try:
+                remove_cgroup(Path(vm.handle["cgroup"]))
+            except TeardownError as exc:
+                problems.append(str(exc))
         vmdir = Path(vm.handle.get("dir", ""))
         if vmdir.name and vmdir.exists():
             try:
@@ -298,7 +316,8 @@ class LocalBackend:
                      if (d / "lease.json").exists()} if self.workdir.is_dir() else set()
         for ns in list_netns():
             if ns.startswith("lab-") and ((self.workdir / f"{ns}.lock").exists() or ns in runs_here):
-                out.append(Owned(self.name, "netns", ns, ns.removeprefix("lab-"), 0.0, ""))
+                # lab-<run>, or lab-<run>-bm01 of a bare-metal cell: both belong to <run>
+                out.append(Owned(self.name, "netns", ns, re.sub(r"-bm\d+$", "", ns.removeprefix("lab-")), 0.0, ""))
         return out
 
     def run_is_live(self, run_id: str) -> bool:
@@ -313,7 +332,9 @@ class LocalBackend:
             except (OSError, ValueError):
                 lease = {}
             vm = Vm(spec=None, backend=self.name, handle={"dir": str(d), "netns": lease.get("netns"),  # type: ignore[arg-type]
-                                                         "tap": lease.get("tap"), "pid": lease.get("pid")})
+                                                         "tap": lease.get("tap"), "pid": lease.get("pid"),
+                                                         "own_netns": lease.get("own_netns"),
+                                                         "cgroup": lease.get("cgroup")})
             for pid, name in qemu_processes(self.workdir):
                 if name == item.name:
                     kill_pid(pid, item.name)
@@ -330,6 +351,9 @@ class LocalBackend:
 
 def boot_files(image: ImageRef) -> tuple[Path, Path, str]:
     m = image.manifest
+    if m.get("boot") == "disk":  # the ISO-installed images (images/README.md): no kernel to boot directly
+        raise UsageError(f"image {image.name!r} boots from its disk: the local backend boots images by direct "
+                         f"kernel boot only", hint="run it on a libvirt or proxmox host")
     base = image.path.parent
     paths = m.get("paths", {})
     kernel = base / paths.get("kernel", f"{image.name}/vmlinuz")
@@ -425,6 +449,33 @@ def _zombie(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1].startswith("Z")
     except (OSError, IndexError):
         return True
+
+
+def remove_cgroup(path: Path) -> None:
+    """Remove a cgroup the lab made (the bare-metal cell's), killing what still runs in it."""
+    if not path.is_dir():
+        return
+    procs = path / "cgroup.procs"
+
+    def pids() -> list[int]:
+        try:
+            return [int(x) for x in procs.read_text().split()]
+        except (OSError, ValueError):
+            return []
+
+    def empty() -> bool:
+        for pid in pids():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        return not pids()
+
+    try:
+        wait_until(empty, timeout=10, what=f"the processes of cgroup {path} to exit", interval=0.02, max_interval=0.2)
+        path.rmdir()
+    except (LabError, OSError) as exc:
+        raise TeardownError(f"cgroup {path}: {getattr(exc, 'strerror', None) or exc}") from None
 
 
 def list_netns() -> list[str]:

@@ -22,6 +22,8 @@ class WorkloadContext:
     vcpus: int
     params: dict[str, Any] = field(default_factory=dict)  # from [suite.params.<workload>]
     guest_address: str = ""
+    # What prepare() found out about the guest (features, versions) for run() to use and record.
+    facts: dict[str, Any] = field(default_factory=dict)
 
 
 class Workload(Protocol):

@@ -20,9 +20,15 @@ whole run (first before, last after), as every workload's RawOutput carries them
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
 import shlex
-from dataclasses import dataclass
+import signal
+import subprocess
+import tempfile
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
 
 from lab.errors import LabError
 from lab.model import RawOutput, Sample
@@ -337,6 +343,60 @@ def require_guest_tool(ctx, tool: str, workload: str, also_in: tuple[str, ...] =
                        hint=f"add the package {pkg!r} to the {ctx.os} golden image (packer/) and rebuild it")
 
 
+def choices(workload: str, key: str, value, allowed: tuple[str, ...]) -> list[str]:
+    """A list parameter whose entries come from `allowed`, each once (a scalar is a list of one)."""
+    from lab.errors import UsageError
+
+    items = list(value) if isinstance(value, (list, tuple)) else [value]
+    if not items or len(set(items)) != len(items) or any(x not in allowed for x in items):
+        raise UsageError(f"{workload}: {key} must list distinct entries of {', '.join(allowed)}, got {value!r}")
+    return items
+
+
+def int_param(workload: str, key: str, value, low: int, high: int) -> int:
+    """An integer parameter in low..high (booleans are not integers here)."""
+    from lab.errors import UsageError
+
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise UsageError(f"{workload}: {key} must be an integer {low}..{high}, got {value!r}")
+    return value
+
+
+@dataclass
+class SegmentLog:
+    """Collects a run's segments (one load each) into the RawOutput every workload returns: the
+    outputs under segment headers, the CPU snapshots per segment and around the whole run."""
+
+    workload: str
+    segments: list[tuple[str, int, str]] = field(default_factory=list)
+    extra: dict[str, str] = field(default_factory=dict)
+    commands: list[str] = field(default_factory=list)
+    stderr: list[str] = field(default_factory=list)
+    started: float = 0.0
+    seconds: float = 0.0
+
+    def add(self, tag: str, rc: int, text: str, cpu_before: str, cpu_after: str, *, started: float,
+            seconds: float, command: str, stderr: str = "") -> None:
+        self.segments.append((tag, rc, text))
+        self.extra[f"cpu_before.{tag}"], self.extra[f"cpu_after.{tag}"] = cpu_before, cpu_after
+        self.extra.setdefault("cpu_before", cpu_before)
+        self.extra["cpu_after"] = cpu_after
+        self.started = self.started or started
+        self.seconds += seconds
+        self.commands.append(command)
+        self.stderr.append(stderr)
+
+    def add_load(self, tag: str, r: "GuestLoad", command: str) -> None:
+        self.add(tag, r.returncode, r.stdout, r.cpu_before, r.cpu_after, started=r.started, seconds=r.seconds,
+                 command=command, stderr=r.stderr)
+
+    def raw(self, params: dict) -> RawOutput:
+        rc_all = next((rc for _, rc, _ in self.segments if rc != 0), 0)
+        return RawOutput(workload=self.workload, command=" ; ".join(self.commands),
+                         stdout=join_segments(self.segments), stderr="".join(self.stderr), returncode=rc_all,
+                         started=self.started, seconds=self.seconds, params=params, extra=self.extra)
+
+
 @dataclass(frozen=True)
 class GuestLoad:
     """What one load run between two CPU snapshots in the guest produced."""
@@ -350,18 +410,79 @@ class GuestLoad:
     seconds: float
 
 
-def run_guest_load(ctx, workload: str, load: str, timeout: float) -> GuestLoad:
-    """Run `load` in the guest between two CPU snapshots in one SSH command."""
+def run_guest_load(ctx, workload: str, load: str, timeout: float, prefix: str = "") -> GuestLoad:
+    """Run `load` in the guest between two CPU snapshots in one SSH command.
+
+    `prefix` runs the whole script somewhere else in the guest: `podman run --rm IMAGE ` or
+    `jexec JAIL ` puts snapshots and load inside a container or jail (the CPU counters are the
+    kernel's, the same inside and out), so container start and removal stay outside the window."""
     import time
 
     from lab import osfacts
 
     ticks_cmd = osfacts.facts(ctx.os).cpu_ticks_cmd
     started = time.time()
-    res = ctx.guest.run(guest_script(load, ticks_cmd), timeout=timeout, check=False)
+    res = ctx.guest.run(prefix + guest_script(load, ticks_cmd), timeout=timeout, check=False)
     before, out, after, rc = split_guest_output(res.stdout, workload)
     if rc is None:
         tail = " | ".join((res.stderr or "").strip().splitlines()[-3:]) or "no error output"
         raise LabError(f"{workload}: the load in the guest ended before its closing CPU snapshot "
                        f"(ssh exit {res.returncode}: {tail})")
     return GuestLoad(before, out, after, rc, res.stderr or "", started, res.seconds)
+
+
+# ---------------------------------------------------------------------------------------------
+# A server on the client side for the length of one load (iperf3 -s, git daemon)
+
+
+@dataclass(frozen=True)
+class ClientServer:
+    process: subprocess.Popen
+    log: Callable[[], str]  # its output so far
+
+
+@contextlib.contextmanager
+def client_server(ctx, argv: list[str], *, ready: str, what: str, hint: str = "",
+                  timeout: float = 15.0) -> Iterator[ClientServer]:
+    """Run `argv` on the client side (ctx.client.argv: the run's network namespace) while the block
+    runs: in its own session, ready once `ready` appears in its output (read from a log file, so
+    the server's port is never touched to test it), and at the end its whole process group is
+    stopped (servers that fork per connection, like git daemon, leave nothing behind)."""
+    from lab import proc
+    from lab.wait import wait_until
+
+    fd, log_path = tempfile.mkstemp(prefix="lab-server-", suffix=".log")
+    os.close(fd)
+    server: subprocess.Popen | None = None
+
+    def log_text() -> str:
+        with open(log_path, errors="replace") as f:
+            return f.read()
+
+    try:
+        with open(log_path, "w") as log:
+            server = proc.spawn(ctx.client.argv(argv), stdout=log, stderr=subprocess.STDOUT)
+
+        def listening() -> bool:
+            text = log_text()
+            if ready in text:
+                return True
+            if server.poll() is not None:
+                raise LabError(f"{what} exited with status {server.returncode}: {first_line(text)}",
+                               hint=hint or None)
+            return False
+
+        wait_until(listening, timeout=timeout, what=what, detail=lambda: first_line(log_text()))
+        yield ClientServer(server, log_text)
+    finally:
+        if server is not None and server.poll() is None:
+            try:
+                os.killpg(server.pid, signal.SIGTERM)  # its own session: only this server
+                server.wait(timeout=5)
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                try:
+                    os.killpg(server.pid, signal.SIGKILL)
+                    server.wait(timeout=5)
+                except (ProcessLookupError, subprocess.TimeoutExpired):
+                    pass
+        os.unlink(log_path)

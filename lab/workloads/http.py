@@ -17,7 +17,7 @@ from lab.errors import LabError, UsageError
 from lab.model import RawOutput, Sample
 from lab.wait import wait_until
 from lab.workloads import WorkloadContext, register
-from lab.workloads.cpu import (cpu_samples, effective_params, first_line, join_segments,
+from lab.workloads.cpu import (SegmentLog, cpu_samples, effective_params, first_line,
                                require_guest_tool, snapshot, split_segments,
                                with_run_context)
 
@@ -142,8 +142,7 @@ class _Http:
     def run(self, ctx: WorkloadContext, repetition: int) -> RawOutput:
         p = self.params(ctx)
         ticks_cmd = osfacts.facts(ctx.os).cpu_ticks_cmd
-        segments, extra, cmds = [], {}, []
-        started, seconds = time.time(), 0.0
+        log = SegmentLog(self.name, started=time.time())
         for tag, argv in self.commands(ctx):
             before = snapshot(ctx.guest, ticks_cmd)
             res = proc.run(ctx.client.argv(argv), timeout=p["duration"] + 60, check=False, what="wrk")
@@ -151,18 +150,9 @@ class _Http:
             text = res.stdout
             if res.stderr.strip():  # wrk prints why it could not start ("unable to connect ...") there
                 text = (text + ("\n" if text and not text.endswith("\n") else "") + res.stderr)
-            segments.append((tag, res.returncode, text))
-            extra[f"cpu_before.{tag}"], extra[f"cpu_after.{tag}"] = before, after
-            extra.setdefault("cpu_before", before)
-            extra["cpu_after"] = after
-            seconds += res.seconds
-            cmds.append(shlex.join(argv))
-        rc_all = next((rc for _, rc, _ in segments if rc != 0), 0)
-        return RawOutput(workload=self.name, command=" ; ".join(cmds), stdout=join_segments(segments),
-                         returncode=rc_all, started=started, seconds=seconds,
-                         params={**p, "vcpus": ctx.vcpus, "repetition": repetition,
-                                 "url": self.target(ctx)},
-                         extra=extra)
+            log.add(tag, res.returncode, text, before, after, started=log.started, seconds=res.seconds,
+                    command=shlex.join(argv))
+        return log.raw({**p, "vcpus": ctx.vcpus, "repetition": repetition, "url": self.target(ctx)})
 
     def parse(self, raw: RawOutput) -> list[Sample]:
         samples: list[Sample] = []

@@ -13,19 +13,15 @@ loss come from end.sum_received (iperf3 >= 3.10) or end.sum (older releases, whi
 from __future__ import annotations
 
 import json
-import os
 import shlex
-import signal
 import subprocess
-import tempfile
 from typing import Any
 
 from lab import proc
 from lab.errors import LabError, UsageError
 from lab.model import RawOutput, Sample
-from lab.wait import wait_until
 from lab.workloads import WorkloadContext, register
-from lab.workloads.cpu import (cpu_samples, effective_params, first_line, join_segments,
+from lab.workloads.cpu import (SegmentLog, client_server, cpu_samples, effective_params, first_line,
                                require_guest_tool, run_guest_load, split_segments,
                                with_run_context)
 
@@ -168,72 +164,25 @@ class _Iperf3:
 
     def run(self, ctx: WorkloadContext, repetition: int) -> RawOutput:
         p = self.params(ctx)
-        segments, extra, cmds, errs = [], {}, [], []
-        started, seconds = 0.0, 0.0
+        log = SegmentLog(self.name)
         for direction, srv, cmd in self.commands(ctx):
-            r, log = self._one(ctx, srv, cmd, p["time"])
-            started = started or r.started
-            seconds += r.seconds
-            segments.append((direction, r.returncode, r.stdout))
-            extra[f"cpu_before.{direction}"], extra[f"cpu_after.{direction}"] = r.cpu_before, r.cpu_after
-            extra.setdefault("cpu_before", r.cpu_before)
-            extra["cpu_after"] = r.cpu_after
-            extra[f"server_log.{direction}"] = log
-            cmds.append(cmd)
-            errs.append(r.stderr)
-        rc_all = next((rc for _, rc, _ in segments if rc != 0), 0)
-        return RawOutput(workload=self.name, command=" ; ".join(cmds), stdout=join_segments(segments),
-                         stderr="".join(errs), returncode=rc_all, started=started, seconds=seconds,
-                         params={**p, "vcpus": ctx.vcpus, "repetition": repetition,
-                                 "client_address": ctx.client.address},
-                         extra=extra)
+            r, server_log = self._one(ctx, srv, cmd, p["time"])
+            log.add_load(direction, r, cmd)
+            log.extra[f"server_log.{direction}"] = server_log
+        return log.raw({**p, "vcpus": ctx.vcpus, "repetition": repetition, "client_address": ctx.client.address})
 
     def _one(self, ctx: WorkloadContext, srv: list[str], cmd: str, time_s: int):
         """Start the one-shot server, wait until it listens, run the guest client, reap the server."""
-        fd, log_path = tempfile.mkstemp(prefix="lab-iperf3-", suffix=".log")
-        os.close(fd)
-        server: subprocess.Popen | None = None
-        try:
-            with open(log_path, "w") as log:
-                server = proc.spawn(ctx.client.argv(srv), stdout=log, stderr=subprocess.STDOUT)
-
-            def listening() -> bool:
-                with open(log_path, errors="replace") as f:
-                    text = f.read()
-                if "Server listening" in text:
-                    return True
-                if server.poll() is not None:
-                    raise LabError(f"{self.name}: the iperf3 server on the client side exited with status "
-                                   f"{server.returncode}: {first_line(text)}",
-                                   hint=f"is port {srv[srv.index('-p') + 1]} on {srv[srv.index('-B') + 1]} in use?")
-                return False
-
-            def log_head() -> str:
-                with open(log_path, errors="replace") as f:
-                    return first_line(f.read())
-
-            wait_until(listening, timeout=15, what=f"the iperf3 server on {srv[srv.index('-B') + 1]}",
-                       detail=log_head)
+        addr, port = srv[srv.index("-B") + 1], srv[srv.index("-p") + 1]
+        with client_server(ctx, srv, ready="Server listening", what=f"{self.name}: the iperf3 server on {addr}",
+                           hint=f"is port {port} on {addr} in use?") as server:
             r = run_guest_load(ctx, self.name, cmd, timeout=time_s + 60)
             if r.returncode == 0 and not _reports_error(r.stdout):
                 try:
-                    server.wait(timeout=10)  # -1: it exits by itself once the test is over
+                    server.process.wait(timeout=10)  # -1: it exits by itself once the test is over
                 except subprocess.TimeoutExpired:
                     pass
-            with open(log_path, errors="replace") as f:
-                log_text = f.read()
-            return r, log_text
-        finally:
-            if server is not None and server.poll() is None:
-                try:
-                    os.killpg(server.pid, signal.SIGTERM)  # its own session: only our server
-                    server.wait(timeout=5)
-                except (ProcessLookupError, subprocess.TimeoutExpired):
-                    try:
-                        os.killpg(server.pid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
-            os.unlink(log_path)
+            return r, server.log()
 
     def parse(self, raw: RawOutput) -> list[Sample]:
         samples: list[Sample] = []

@@ -14,7 +14,7 @@ from typing import Any
 from lab.errors import LabError, UsageError
 from lab.model import RawOutput, Sample
 from lab.workloads import WorkloadContext, register
-from lab.workloads.cpu import (cpu_samples, effective_params, first_line, join_segments,
+from lab.workloads.cpu import (SegmentLog, cpu_samples, effective_params, first_line,
                                require_guest_tool, run_guest_load, split_segments,
                                with_run_context)
 
@@ -162,22 +162,10 @@ class SysbenchCpu:
 
     def run(self, ctx: WorkloadContext, repetition: int) -> RawOutput:
         p = self.params(ctx)
-        segments, extra, cmds, errs = [], {}, [], []
-        started, seconds = 0.0, 0.0
+        log = SegmentLog(self.name)
         for tag, n, cmd in self.commands(ctx):
-            r = run_guest_load(ctx, self.name, cmd, timeout=p["time"] + 120)
-            started = started or r.started
-            seconds += r.seconds
-            segments.append((tag, r.returncode, r.stdout))
-            extra[f"cpu_before.{tag}"], extra[f"cpu_after.{tag}"] = r.cpu_before, r.cpu_after
-            extra.setdefault("cpu_before", r.cpu_before)
-            extra["cpu_after"] = r.cpu_after
-            cmds.append(cmd)
-            errs.append(r.stderr)
-        rc_all = next((rc for _, rc, _ in segments if rc != 0), 0)
-        return RawOutput(workload=self.name, command=" ; ".join(cmds), stdout=join_segments(segments),
-                         stderr="".join(errs), returncode=rc_all, started=started, seconds=seconds,
-                         params={**p, "vcpus": ctx.vcpus, "repetition": repetition}, extra=extra)
+            log.add_load(tag, run_guest_load(ctx, self.name, cmd, timeout=p["time"] + 120), cmd)
+        return log.raw({**p, "vcpus": ctx.vcpus, "repetition": repetition})
 
     def parse(self, raw: RawOutput) -> list[Sample]:
         samples: list[Sample] = []

@@ -39,6 +39,20 @@ systemctl restart nginx.service
 curl -fsS -o /dev/null http://127.0.0.1/ || { echo "nginx does not serve http" >&2; exit 1; }
 curl -fsSk -o /dev/null https://127.0.0.1/ || { echo "nginx does not serve https" >&2; exit 1; }
 
+# --- containers: the base image into root's podman store, then one start per runtime/network ---
+# /run/lab-base.tar.zst: the mmdebstrap tarball lab/images.py made (ContainerBase in the recipe).
+# The name must match the recipe's ContainerBase.name (tests/test_images.py checks it).
+base_image=localhost/lab-base:latest
+up() { echo "provision: $1 at $(cut -d' ' -f1 /proc/uptime) s of uptime"; }  # stage times in packer.log
+up "podman import"
+zstd -dc /run/lab-base.tar.zst | podman import --quiet --change 'CMD ["/bin/sh"]' - "$base_image" >/dev/null
+rm -f /run/lab-base.tar.zst
+up "container checks"
+podman run --rm --network=none "$base_image" sh -c 'git --version && ls /var/cache/lab-debs/*.deb' >/dev/null
+podman run --rm --runtime=runc --network=host "$base_image" true
+podman run --rm "$base_image" true  # the default bridge network: netavark + iptables work
+up "containers done"
+
 # --- the version report --------------------------------------------------------------------------
 pkgver() { dpkg-query -W -f='${Version}' "$1" 2>/dev/null || echo ""; }
 first() { "$@" 2>&1 | head -n 1 | tr -d '\r"\\' ; }
@@ -56,6 +70,12 @@ kernels_json=$(for k in $kernels; do printf '"%s",' "$k"; done | sed 's/,$//')
     printf '    "openssl": "%s",\n' "$(first openssl version)"
     printf '    "git": "%s",\n' "$(first git --version)"
     printf '    "curl": "%s",\n' "$(first curl --version)"
+    printf '    "podman": "%s",\n' "$(first podman --version)"
+    printf '    "crun": "%s",\n' "$(first crun --version)"
+    printf '    "runc": "%s",\n' "$(first runc --version)"
+    printf '    "conmon": "%s",\n' "$(first conmon --version)"
+    printf '    "netavark": "%s",\n' "$(first /usr/lib/podman/netavark --version)"
+    printf '    "hyperfine": "%s",\n' "$(first hyperfine --version)"
     printf '    "openssh": "%s"\n' "$(first ssh -V)"
     printf '  },\n'
     printf '  "packages": {\n'
@@ -67,12 +87,20 @@ kernels_json=$(for k in $kernels; do printf '"%s",' "$k"; done | sed 's/,$//')
     printf '    "git": "%s",\n' "$(pkgver git)"
     printf '    "curl": "%s",\n' "$(pkgver curl)"
     printf '    "openssh-server": "%s",\n' "$(pkgver openssh-server)"
+    printf '    "podman": "%s",\n' "$(pkgver podman)"
+    printf '    "crun": "%s",\n' "$(pkgver crun)"
+    printf '    "runc": "%s",\n' "$(pkgver runc)"
+    printf '    "hyperfine": "%s",\n' "$(pkgver hyperfine)"
     printf '    "systemd": "%s"\n' "$(pkgver systemd)"
     printf '  },\n'
     printf '  "nginx_cert_sha256": "%s",\n' "$(openssl x509 -in /etc/nginx/lab.crt -noout -fingerprint -sha256 | cut -d= -f2)"
     printf '  "site_files": %s,\n' "$(find /srv/www -type f | wc -l)"
     printf '  "bulk_sha256": {"/bulk/1m.bin": "%s", "/bulk/64m.bin": "%s"},\n' \
         "$(sha256sum /srv/www/bulk/1m.bin | cut -d' ' -f1)" "$(sha256sum /srv/www/bulk/64m.bin | cut -d' ' -f1)"
+    printf '  "container": {"image_id": "%s", "image_bytes": %s, "store_bytes": %s},\n' \
+        "$(podman image inspect --format '{{.Id}}' "$base_image")" \
+        "$(podman image inspect --format '{{.Size}}' "$base_image")" \
+        "$(du -sb /var/lib/containers/storage | cut -f1)"
     printf '  "dpkg_packages": %s\n' "$(dpkg-query -W -f='${db:Status-Abbrev}\n' | grep -c '^ii')"
     printf '}\n'
 } > /etc/lab-image.json

@@ -18,7 +18,8 @@ TOKEN_SECRET = "5ec2e75e-c2e7-4b00-9e11-d0n07l0g1t00"
 VM_PRIVS = {"VM.Audit", "VM.Clone", "VM.Allocate", "VM.PowerMgmt", "VM.Config.Network",
             "VM.Config.CPU", "VM.Config.Memory", "VM.Config.Cloudinit", "VM.Config.Options",
             "VM.Config.Disk", "VM.Config.HWType", "VM.Monitor", "VM.GuestAgent.Audit"}
-FULL_ACL = {"/vms": VM_PRIVS, "/storage": {"Datastore.AllocateSpace", "Datastore.Audit"},
+FULL_ACL = {"/vms": VM_PRIVS, "/storage": {"Datastore.AllocateSpace", "Datastore.Audit",
+                                           "Datastore.AllocateTemplate", "Datastore.Allocate"},
             "/nodes": {"Sys.Audit"}}
 TEMPLATE_VMID = 9000
 

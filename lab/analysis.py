@@ -1,0 +1,319 @@
+"""Pure: what `lab compare`, `lab show` and `lab report` put side by side.
+
+- Sides: the cells of a run, or a selection of them by axes (`nic=virtio`, `host=pve1`,
+  `kind=bare-metal`), so two runs, two hosts or any two cell selections can be compared.
+- Pairing: which cell of A goes with which cell of B (`pair`), cells on one side only are kept
+  (lab.compare makes them "missing in A/B" rows, never drops them).
+- The A/A noise floor: a cell and its twin ([suite] noise_floor) measured in the same run give,
+  per workload metric, the ratio two identical setups produce (lab.stats.noise_floor); it is
+  shown beside every row and relabels differences no larger than it ("within noise").
+- Overhead vs a baseline: every cell against the bare-metal cell (or a chosen reference cell)
+  of its host, as "VM -0.52 % [CI] vs bare metal".
+- Host fact differences between the two sides (lab.hostinfo.differences), next to the results.
+
+Nothing here reads the store or prints; callers pass what the store holds.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Sequence
+
+from lab import compare as compare_mod
+from lab import hostinfo, results, stats
+from lab.config import AXES
+from lab.errors import UsageError
+from lab.plan import BARE_METAL, TWIN_SUFFIX
+from lab.store import CellRow, SampleRow
+
+Key = tuple[str, str, str]  # (pair label, workload, metric)
+BASELINE_DEFAULT = f"kind={BARE_METAL}"
+
+
+# -- selections ------------------------------------------------------------------------------------
+
+def parse_selector(items: Iterable[str] | None, option: str = "--a") -> dict[str, str]:
+    """["nic=virtio", "tuning=default,vcpus=2"] -> {"nic": "virtio", ...}. UsageError if malformed."""
+    out: dict[str, str] = {}
+    for item in items or ():
+        for part in filter(None, (p.strip() for p in item.split(","))):
+            key, sep, value = part.partition("=")
+            key, value = key.strip(), value.strip()
+            if not sep or not key or not value:
+                raise UsageError(f"{option} {part!r}: expected AXIS=VALUE, e.g. nic=virtio")
+            if key not in (*AXES, "kind", "replica"):
+                raise UsageError(f"{option} {part!r}: unknown axis {key!r}; axes: {', '.join((*AXES, 'kind'))}")
+            if key in out and out[key] != value:
+                raise UsageError(f"{option}: axis {key!r} given twice ({out[key]!r} and {value!r})")
+            out[key] = value
+    return out
+
+
+def kind(cell: CellRow) -> str:
+    return str(cell.axes.get("kind", "vm"))
+
+
+def is_twin(cell: CellRow) -> bool:
+    return cell.label.endswith(TWIN_SUFFIX)
+
+
+def matches(cell: CellRow, selector: dict[str, str]) -> bool:
+    """Every k=v of the selector holds. A/A twins only when the selector asks for a replica."""
+    if is_twin(cell) and "replica" not in selector:
+        return False
+    axes = {**cell.axes, "kind": kind(cell)}
+    return all(str(axes.get(k)) == v for k, v in selector.items())
+
+
+def select(cells: Sequence[CellRow], selector: dict[str, str]) -> list[CellRow]:
+    return [c for c in cells if matches(c, selector)]
+
+
+# -- sides -----------------------------------------------------------------------------------------
+
+@dataclass
+class Side:
+    """One side of a comparison: the (selected) cells of one run and their series."""
+
+    run_id: str
+    seed: int
+    cells: list[CellRow]
+    series: list[results.Series]
+    hosts: dict[str, dict[str, Any]]  # host name -> stored facts, for the hosts of these cells
+    selector: dict[str, str] = field(default_factory=dict)
+
+    def by_label(self) -> dict[str, dict[tuple[str, str], results.Series]]:
+        out: dict[str, dict[tuple[str, str], results.Series]] = {}
+        for s in self.series:
+            out.setdefault(s.cell, {})[(s.workload, s.metric)] = s
+        return out
+
+
+def side(run_id: str, seed: int | None, cells: Sequence[CellRow], samples: Sequence[SampleRow],
+         host_facts: dict[str, dict[str, Any]], selector: dict[str, str] | None = None) -> Side:
+    selector = selector or {}
+    chosen = select(cells, selector)
+    ids = {c.cell_id for c in chosen}
+    series = results.series([s for s in samples if s.cell_id in ids], chosen)
+    hosts = {h: f for h, f in host_facts.items() if h in {str(c.axes.get("host")) for c in chosen}}
+    return Side(run_id, seed or 0, chosen, series, hosts, selector)
+
+
+def comparable(s: results.Series, everything: bool = False) -> bool:
+    """The metrics a comparison shows: what `lab show` shows and the guest CPU busy % that goes
+    with it; with `everything`, every metric."""
+    return everything or bool(results.show_rows([s])) or s.metric.startswith(results.CPU_METRIC)
+
+
+# -- pairing ---------------------------------------------------------------------------------------
+
+def reduced_label(cell: CellRow, drop: set[str]) -> str:
+    """The cell's axes without those the selectors name, in matrix order: what pairs it."""
+    axes = {**cell.axes, "kind": kind(cell)}
+    keys = [k for k in (*AXES, "kind") if k not in drop and k in axes and not (k == "kind" and axes[k] == "vm")]
+    return "/".join(str(axes[k]) for k in keys) or cell.label
+
+
+def pair(a: Side, b: Side) -> list[tuple[str, CellRow | None, CellRow | None]]:
+    """(pair label, A cell, B cell) for every cell of either side.
+
+    With selectors: one cell on each side -> those two; one cell on one side and several on the
+    other -> the single one is the reference for each; otherwise cells pair by the axes the
+    selectors do not name. Without selectors (two runs): by label. A cell with no partner is kept
+    with None on the other side. Two cells of one side that would take the same partner are a
+    UsageError: the selection is ambiguous."""
+    selected = bool(a.selector or b.selector)
+    if selected and len(a.cells) == 1 and len(b.cells) == 1:
+        ca, cb = a.cells[0], b.cells[0]
+        return [(cb.label if ca.label == cb.label else f"{ca.label} → {cb.label}", ca, cb)]
+    if selected and len(a.cells) == 1 and len(b.cells) > 1:
+        return [(cb.label, a.cells[0], cb) for cb in b.cells]
+    if selected and len(b.cells) == 1 and len(a.cells) > 1:
+        return [(ca.label, ca, b.cells[0]) for ca in a.cells]
+    drop = set(a.selector) | set(b.selector)
+    keyed: list[dict[str, CellRow]] = []
+    for s, name in ((a, "A"), (b, "B")):
+        m: dict[str, CellRow] = {}
+        for c in s.cells:
+            k = reduced_label(c, drop) if selected else c.label
+            if k in m:
+                raise UsageError(f"selection {name} ({_sel(s.selector)}) matches {m[k].cell_id} and {c.cell_id}, "
+                                 f"which differ only in axes the selections name; narrow it down")
+            m[k] = c
+        keyed.append(m)
+    ma, mb = keyed
+    return [(k, ma.get(k), mb.get(k)) for k in sorted(set(ma) | set(mb))]
+
+
+def _sel(selector: dict[str, str]) -> str:
+    return ",".join(f"{k}={v}" for k, v in selector.items()) or "all cells"
+
+
+# -- noise floor -----------------------------------------------------------------------------------
+
+def noise_floor(series: Iterable[results.Series], seed: int = 0) -> dict[tuple[str, str], stats.RatioCI]:
+    """(workload, metric) -> the A/A ratio CI of a cell and its twin in one run (None if no twin).
+
+    With several twins (several hosts), the widest band counts: the floor is what identical
+    setups can differ by anywhere in the run."""
+    by_cell: dict[str, dict[tuple[str, str], results.Series]] = {}
+    for s in series:
+        by_cell.setdefault(s.cell, {})[(s.workload, s.metric)] = s
+    out: dict[tuple[str, str], stats.RatioCI] = {}
+    for label, twin_series in by_cell.items():
+        if not label.endswith(TWIN_SUFFIX):
+            continue
+        original = by_cell.get(label.removesuffix(TWIN_SUFFIX), {})
+        for wm, t in twin_series.items():
+            o = original.get(wm)
+            if o is None or len(o.values) < 2 or len(t.values) < 2:
+                continue
+            ci = stats.noise_floor(o.values, t.values, seed=seed)
+            out[wm] = widest(out.get(wm), ci)
+    return out
+
+
+def widest(x: stats.RatioCI | None, y: stats.RatioCI) -> stats.RatioCI:
+    if x is None:
+        return y
+    wx, wy = _log_width(x.band()), _log_width(y.band())
+    return x if wx >= wy else y
+
+
+def _log_width(band: tuple[float, float]) -> float:
+    lo, hi = band
+    if lo <= 0 or math.isinf(hi):
+        return math.inf
+    return math.log(hi) - math.log(lo)
+
+
+# -- comparisons -----------------------------------------------------------------------------------
+
+@dataclass
+class Comparison:
+    a: Side
+    b: Side
+    rows: list[compare_mod.Row]  # key = (pair label, workload, metric)
+    pairs: list[tuple[str, CellRow | None, CellRow | None]]
+    noise: dict[tuple[str, str], stats.RatioCI]  # (workload, metric) -> A/A
+    host_diffs: list[tuple[str, str, str, str]]  # (host, fact, A, B)
+
+
+def compare_sides(a: Side, b: Side, *, noise: dict[tuple[str, str], stats.RatioCI] | None = None,
+                  everything: bool = False, alpha: float = compare_mod.DEFAULT_ALPHA,
+                  n_resamples: int = stats.DEFAULT_N_RESAMPLES) -> Comparison:
+    pairs = pair(a, b)
+    la, lb = a.by_label(), b.by_label()
+    side_a: dict[Key, compare_mod.MetricSeries] = {}
+    side_b: dict[Key, compare_mod.MetricSeries] = {}
+    for label, ca, cb in pairs:
+        for cell, by, out in ((ca, la, side_a), (cb, lb, side_b)):
+            if cell is None:
+                continue
+            for (wl, metric), s in by.get(cell.label, {}).items():
+                if comparable(s, everything):
+                    out[(label, wl, metric)] = compare_mod.MetricSeries(s.values, s.unit, s.higher_is_better)
+    noise = noise or {}
+    per_key = {k: noise[(k[1], k[2])] for k in set(side_a) | set(side_b) if (k[1], k[2]) in noise}
+    rows = compare_mod.compare(side_a, side_b, alpha=alpha, seed=a.seed, n_resamples=n_resamples,
+                               noise_floor=per_key)
+    return Comparison(a, b, rows, pairs, noise, host_differences(a.hosts, b.hosts))
+
+
+def host_differences(a: dict[str, dict[str, Any]], b: dict[str, dict[str, Any]]) -> list[tuple[str, str, str, str]]:
+    """(host, fact, value in A, value in B) for each differing fact. Hosts pair by name; one host
+    on each side under different names (two hosts compared) pair with each other."""
+    if set(a) != set(b) and len(a) == 1 and len(b) == 1:
+        (ha, fa), (hb, fb) = next(iter(a.items())), next(iter(b.items()))
+        pairs = [(f"{ha} / {hb}", fa, fb)]
+    else:
+        pairs = [(h, a.get(h), b.get(h)) for h in sorted(set(a) | set(b))]
+    out = []
+    for name, fa, fb in pairs:
+        out += [(name, k, va, vb) for k, va, vb in hostinfo.differences(fa, fb)]
+    return out
+
+
+# -- overhead vs a baseline ------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Overhead:
+    cell: str  # the cell's label
+    reference: str  # the baseline cell's label
+    row: compare_mod.Row  # A = baseline, B = the cell
+
+    @property
+    def change_pct(self) -> float | None:
+        return None if self.row.ratio is None else (self.row.ratio - 1.0) * 100.0
+
+    @property
+    def change_ci_pct(self) -> tuple[float, float] | None:
+        ci = self.row.ratio_ci
+        return None if ci is None else ((ci[0] - 1.0) * 100.0, (ci[1] - 1.0) * 100.0)
+
+
+def baselines(cells: Sequence[CellRow], selector: dict[str, str]) -> dict[str, CellRow]:
+    """host -> its baseline cell. The default selector picks the bare-metal cell of each host; a
+    chosen one (`nic=virtio`) must match one cell per host."""
+    chosen = select(cells, selector)
+    if not chosen:
+        what = "no bare-metal cell (set [suite] bare_metal = true)" if selector == parse_selector([BASELINE_DEFAULT]) \
+            else f"no cell matches {_sel(selector)}"
+        raise UsageError(f"--baseline: this run has {what}")
+    out: dict[str, CellRow] = {}
+    for c in chosen:
+        host = str(c.axes.get("host"))
+        if host in out:
+            raise UsageError(f"--baseline {_sel(selector)} matches {out[host].cell_id} and {c.cell_id} on host "
+                             f"{host}; it must name one cell per host")
+        out[host] = c
+    return out
+
+
+def overheads(cells: Sequence[CellRow], samples: Sequence[SampleRow], selector: dict[str, str], *, seed: int = 0,
+              everything: bool = False, n_resamples: int = stats.DEFAULT_N_RESAMPLES) -> list[Overhead]:
+    """Every (non-twin) cell against the baseline cell of its host, per metric. A host without a
+    baseline cell compares against the only baseline there is, if there is exactly one."""
+    refs = baselines(cells, selector)
+    ref_ids = {c.cell_id for c in refs.values()}
+    by_label: dict[str, dict[tuple[str, str], results.Series]] = {}
+    for s in results.series(samples, cells):
+        by_label.setdefault(s.cell, {})[(s.workload, s.metric)] = s
+    out: list[Overhead] = []
+    for c in cells:
+        if c.cell_id in ref_ids or is_twin(c):
+            continue
+        ref = refs.get(str(c.axes.get("host"))) or (next(iter(refs.values())) if len(refs) == 1 else None)
+        if ref is None:
+            continue
+        base, mine = by_label.get(ref.label, {}), by_label.get(c.label, {})
+        for wm in sorted(set(base) | set(mine)):
+            s = mine.get(wm) or base[wm]
+            if not comparable(s, everything):
+                continue
+            a = base.get(wm)
+            b = mine.get(wm)
+            row = compare_mod.compare_one(
+                (c.label, *wm),
+                compare_mod.MetricSeries(a.values, a.unit, a.higher_is_better) if a else None,
+                compare_mod.MetricSeries(b.values, b.unit, b.higher_is_better) if b else None,
+                seed=seed, n_resamples=n_resamples)
+            out.append(Overhead(c.label, ref.label, row))
+    return out
+
+
+def fmt_change(pct: float | None, ci: tuple[float, float] | None = None) -> str:
+    """-0.52 % [-0.91, -0.13] (a real minus sign)."""
+    if pct is None or math.isnan(pct):
+        return "–"
+
+    def one(v: float) -> str:
+        if math.isinf(v):
+            return "∞" if v > 0 else "−∞"
+        return f"{v:+.2f}".replace("-", "−")
+
+    text = f"{one(pct)} %"
+    if ci is not None:
+        text += f" [{one(ci[0])}, {one(ci[1])}]"
+    return text

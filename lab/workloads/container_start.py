@@ -1,0 +1,174 @@
+"""container-start: hyperfine over `podman run --rm IMAGE true`, per OCI runtime, network and store.
+
+Axes inside the workload (each combination one segment, its own rows, tag
+`<runtime>-<network>-<store>`, e.g. `crun-host-transient`):
+  runtime  OCI runtimes to measure with `--runtime` (crun, runc; ocijail on FreeBSD); one the guest
+           lacks gives an `na_<tag>` row instead
+  network  default (podman's bridge: netavark sets up a veth and firewall rules per start), host, none
+  store    persistent, or transient (`podman --transient-store`: container state on tmpfs, no
+           database sync; Podman >= 4.4 — the Debian 12 image has 4.3.1, so those rows are n/a)
+
+Rows: start_ms_<tag> (hyperfine's mean over `runs` starts, after `warmup` discarded starts),
+start_stddev_ms_<tag>, start_min_ms_<tag>, and the guest's CPU busy % over the hyperfine run.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from typing import Any
+
+from lab.errors import LabError, UsageError
+from lab.model import RawOutput, Sample
+from lab.workloads import WorkloadContext, register
+from lab.workloads import containers
+from lab.workloads.cpu import (SegmentLog, choices, cpu_samples, effective_params, first_line, int_param,
+                               require_guest_tool, run_guest_load, split_segments)
+
+NETWORKS = ("default", "host", "none")
+STORES = ("persistent", "transient")
+RUNTIMES = ("crun", "runc", "ocijail")
+JSON_PATH = "/var/tmp/lab-hyperfine.json"
+
+
+def start_argv(runtime: str, network: str, store: str, image: str = containers.BASE_IMAGE) -> list[str]:
+    return containers.podman_run(network, runtime=runtime, transient=store == "transient", image=image) + ["true"]
+
+
+def hyperfine_load(command: list[str], runs: int, warmup: int) -> str:
+    """hyperfine without a shell (-N) exporting JSON, which the load then prints."""
+    argv = ["hyperfine", "-N", "--style", "none", "--runs", str(runs), "--warmup", str(warmup),
+            "--export-json", JSON_PATH, shlex.join(command)]
+    return (f"(rm -f {JSON_PATH}; {shlex.join(argv)} >/dev/null 2>/var/tmp/lab-hyperfine.err; rc=$?; "
+            f"if [ -s {JSON_PATH} ]; then cat {JSON_PATH}; else cat /var/tmp/lab-hyperfine.err; fi; "
+            f"rm -f {JSON_PATH} /var/tmp/lab-hyperfine.err; exit $rc)")
+
+
+def parse_hyperfine_json(text: str, workload: str = "container-start") -> dict[str, Any]:
+    """hyperfine --export-json (one command) -> mean/stddev/median/min/max in ms, runs, exit codes."""
+    try:
+        doc = json.loads(text)
+        res = doc["results"]
+    except (json.JSONDecodeError, TypeError, KeyError, ValueError):
+        raise LabError(f"{workload}: not hyperfine JSON; first line of output: {first_line(text)!r}",
+                       hint="the raw output is stored; fix the parser and run `lab reparse`") from None
+    if len(res) != 1:
+        raise LabError(f"{workload}: expected one hyperfine result, got {len(res)}")
+    r = res[0]
+    times = r.get("times") or []
+    codes = r.get("exit_codes") or []
+    if not times:
+        raise LabError(f"{workload}: hyperfine measured no run of {r.get('command')!r}")
+    if any(c != 0 for c in codes):
+        raise LabError(f"{workload}: {r.get('command')!r} failed in {sum(1 for c in codes if c)} of "
+                       f"{len(codes)} runs (exit codes {sorted(set(codes))})")
+    out = {k: float(r[k]) * 1000 for k in ("mean", "median", "min", "max") if isinstance(r.get(k), (int, float))}
+    out["stddev"] = float(r["stddev"]) * 1000 if isinstance(r.get("stddev"), (int, float)) else 0.0
+    out["runs"] = len(times)
+    out["command"] = r.get("command", "")
+    return out
+
+
+class ContainerStart:
+    name = "container-start"
+    defaults: dict[str, Any] = {"runtime": ["crun", "runc"], "network": ["default", "host", "none"],
+                                "store": ["persistent", "transient"], "runs": 5, "warmup": 1}
+
+    def params(self, ctx: WorkloadContext) -> dict[str, Any]:
+        p = effective_params(self.defaults, ctx.params)
+        for key, allowed in (("runtime", RUNTIMES), ("network", NETWORKS), ("store", STORES)):
+            p[key] = choices(self.name, key, p[key], allowed)
+        int_param(self.name, "runs", p["runs"], 1, 1000)
+        int_param(self.name, "warmup", p["warmup"], 0, 1000)
+        return p
+
+    def estimate_seconds(self, p: dict[str, Any]) -> float:
+        """For `lab plan`: ~2 s per start under TCG (transient rows are n/a on podman < 4.4)."""
+        return len(p["runtime"]) * len(p["network"]) * len(p["store"]) * (p["runs"] + p["warmup"]) * 2 + 5
+
+    def plan(self, ctx: WorkloadContext) -> list[tuple[str, str, str, str]]:
+        p = self.params(ctx)
+        return [(f"{rt}-{net}-{st}", rt, net, st) for rt in p["runtime"] for net in p["network"] for st in p["store"]]
+
+    def commands(self, ctx: WorkloadContext) -> list[tuple[str, str]]:
+        p = self.params(ctx)
+        return [(tag, hyperfine_load(start_argv(rt, net, st), p["runs"], p["warmup"]))
+                for tag, rt, net, st in self.plan(ctx)]
+
+    def prepare(self, ctx: WorkloadContext) -> None:
+        p = self.params(ctx)
+        if containers.family(ctx.os) not in ("linux", "freebsd"):
+            raise UsageError(f"{self.name}: no podman on {ctx.os}")
+        require_guest_tool(ctx, "podman", self.name)
+        require_guest_tool(ctx, "hyperfine", self.name)
+        res = ctx.guest.run(f"podman image exists {containers.BASE_IMAGE}", timeout=120, check=False)
+        if res.returncode != 0:
+            raise LabError(f"{self.name}: the guest has no {containers.BASE_IMAGE} in podman's store",
+                           hint="rebuild the golden image (`make images`): provisioning imports it")
+        have: dict[str, str] = {}
+        for rt in p["runtime"]:
+            r = ctx.guest.run(f"sh -c {shlex.quote(f'command -v {rt}')}", timeout=30, check=False)
+            if r.returncode != 0 or not r.stdout.strip():
+                have[rt] = ""
+                continue
+            v = ctx.guest.run(f"{rt} --version", timeout=30, check=False)
+            have[rt] = first_line(v.stdout) if v.returncode == 0 else rt
+        ctx.facts["runtimes"] = have
+        # podman refuses a global flag it does not know: that is how a release without
+        # --transient-store (< 4.4) shows.
+        t = ctx.guest.run("podman --transient-store version --format '{{.Client.Version}}'", timeout=120, check=False)
+        ctx.facts["transient"] = "" if t.returncode == 0 else first_line(t.stderr or t.stdout)
+        v = ctx.guest.run("podman version --format '{{.Client.Version}}'", timeout=120, check=False)
+        ctx.facts["podman"] = v.stdout.strip()
+
+    def run(self, ctx: WorkloadContext, repetition: int) -> RawOutput:
+        p = self.params(ctx)
+        if "runtimes" not in ctx.facts:
+            self.prepare(ctx)
+        log = SegmentLog(self.name)
+        for tag, rt, net, st in self.plan(ctx):
+            if not ctx.facts["runtimes"].get(rt):
+                log.extra[f"na.{tag}"] = f"OCI runtime {rt} is not installed in the guest"
+                continue
+            if st == "transient" and ctx.facts.get("transient"):
+                log.extra[f"na.{tag}"] = (f"podman {ctx.facts.get('podman') or '?'} has no --transient-store "
+                                          f"({ctx.facts['transient']})")
+                continue
+            load = hyperfine_load(start_argv(rt, net, st), p["runs"], p["warmup"])
+            timeout = (p["runs"] + p["warmup"]) * 120 + 60
+            log.add_load(tag, run_guest_load(ctx, self.name, load, timeout=timeout), load)
+            log.extra[f"runtime_version.{tag}"] = ctx.facts["runtimes"][rt]
+        return log.raw({**p, "vcpus": ctx.vcpus, "repetition": repetition, "os": ctx.os,
+                        "podman": ctx.facts.get("podman", ""), "image": containers.BASE_IMAGE})
+
+    def parse(self, raw: RawOutput) -> list[Sample]:
+        samples: list[Sample] = []
+        tags: list[str] = []
+        tag_labels: dict[str, dict] = {}
+        if raw.stdout.strip():
+            for tag, rc, text in split_segments(raw.stdout):
+                rt, net, st = tag.split("-", 2)
+                try:
+                    r = parse_hyperfine_json(text, self.name)
+                except LabError as exc:
+                    msg = exc.message + (f" (hyperfine exit status {rc})" if rc else "")
+                    raise LabError(f"{msg} [{tag}]", exc.hint) from None
+                labels = {"runtime": rt, "runtime_version": raw.extra.get(f"runtime_version.{tag}", ""),
+                          "network": net, "store": st, "runs": r["runs"]}
+                tags.append(tag)
+                tag_labels[tag] = labels
+                samples += [Sample(f"start_ms_{tag}", r["mean"], "ms", False, dict(labels)),
+                            Sample(f"start_stddev_ms_{tag}", r["stddev"], "ms", None, dict(labels)),
+                            Sample(f"start_min_ms_{tag}", r["min"], "ms", False, dict(labels))]
+        for key, reason in sorted(raw.extra.items()):
+            if key.startswith("na."):
+                tag = key[3:]
+                rt, net, st = tag.split("-", 2)
+                samples.append(Sample(f"na_{tag}", 1.0, "n/a", None,
+                                      {"runtime": rt, "network": net, "store": st, "na": reason}))
+        if tags:
+            samples += cpu_samples(raw, tags=tags, tag_labels=tag_labels)
+        return samples
+
+
+CONTAINER_START = register(ContainerStart())

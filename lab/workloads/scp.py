@@ -1,0 +1,147 @@
+"""scp: copy a large file between the client side and the guest, in both directions.
+
+Directions as iperf3's: "tx" = the guest sends (client copies guest:FILE to /dev/null), "rx" = the
+guest receives (client copies a local file to guest:/dev/null), so neither side's disk is timed on
+the receiving end. Each copy is a fresh SSH connection (no ControlMaster), run in the client's
+network namespace, with LogLevel=VERBOSE so ssh prints, when the session ends,
+
+    Transferred: sent N, received M bytes, in T seconds
+
+T runs from the end of authentication to the end of the session (OpenSSH clientloop.c), so the key
+exchange and login — 1-2 s under TCG — are left out; T has 0.1 s resolution, so size the file for
+several seconds. Rows per direction: throughput_mb_s_<dir> (file bytes / 10^6 / T), seconds_<dir>
+(T), wall_seconds_<dir> (the whole scp, login included) and the guest's CPU busy % around the copy.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import tempfile
+import time
+from typing import Any
+
+from lab import osfacts, proc
+from lab.errors import LabError, UsageError
+from lab.model import RawOutput, Sample
+from lab.workloads import WorkloadContext, register
+from lab.workloads.cpu import (SegmentLog, choices, cpu_samples, effective_params, first_line, int_param,
+                               snapshot, split_segments)
+
+DIRECTIONS = ("tx", "rx")
+GUEST_FILE = "/var/tmp/lab-scp.bin"
+_TRANSFERRED = re.compile(r"Transferred: sent (\d+), received (\d+) bytes, in ([0-9]+(?:\.[0-9]+)?) seconds")
+
+
+def scp_argv(*, key: str, user: str, address: str, port: int, direction: str, local: str,
+             remote: str, cipher: str = "") -> list[str]:
+    host = f"[{address}]" if ":" in address else address
+    argv = ["scp", "-i", str(key), "-P", str(port), "-o", "BatchMode=yes", "-o", "IdentitiesOnly=yes",
+            "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "ControlPath=none",
+            "-o", "ConnectTimeout=10", "-o", "LogLevel=VERBOSE"]
+    if cipher:
+        argv += ["-c", cipher]
+    if direction == "tx":
+        return argv + [f"{user}@{host}:{remote}", local]
+    return argv + [local, f"{user}@{host}:{remote}"]
+
+
+def parse_scp_output(text: str, file_bytes: int, direction: str, workload: str = "scp") -> dict[str, float]:
+    """ssh's VERBOSE "Transferred:" line -> seconds, throughput_mb_s, sent, received."""
+    found = _TRANSFERRED.findall(text or "")
+    if not found:
+        raise LabError(f"{workload}: no 'Transferred: sent ..., received ... bytes, in ... seconds' line "
+                       f"(did the copy fail?); first line of output: {first_line(text)!r}",
+                       hint="the raw output is stored; fix the parser and run `lab reparse`")
+    sent, received, seconds = (float(x) for x in found[-1])
+    moved = received if direction == "tx" else sent
+    if moved < file_bytes:
+        raise LabError(f"{workload}: the session moved {moved:.0f} bytes, less than the {file_bytes} bytes file")
+    if seconds <= 0:
+        raise LabError(f"{workload}: ssh reports the copy took 0.0 s; use a larger size_mib")
+    return {"seconds": seconds, "throughput_mb_s": file_bytes / 1e6 / seconds, "sent": sent, "received": received}
+
+
+class Scp:
+    name = "scp"
+    defaults: dict[str, Any] = {"size_mib": 64, "directions": ["tx", "rx"], "cipher": ""}
+
+    def params(self, ctx: WorkloadContext) -> dict[str, Any]:
+        p = effective_params(self.defaults, ctx.params)
+        int_param(self.name, "size_mib", p["size_mib"], 1, 65536)
+        p["directions"] = choices(self.name, "directions", p["directions"], DIRECTIONS)
+        if not isinstance(p["cipher"], str) or not re.fullmatch(r"[A-Za-z0-9@.+-]*", p["cipher"]):
+            raise UsageError(f"{self.name}: cipher must be an OpenSSH cipher name (or \"\"), got {p['cipher']!r}")
+        return p
+
+    def estimate_seconds(self, p: dict[str, Any]) -> float:
+        """For `lab plan`: ~20 MB/s under TCG plus 2 s of login per copy."""
+        return len(p["directions"]) * (p["size_mib"] / 20 + 3)
+
+    def commands(self, ctx: WorkloadContext, local: str = "LOCAL") -> list[tuple[str, list[str]]]:
+        """[(direction, scp argv before the client wrapper)]."""
+        p = self.params(ctx)
+        g = ctx.guest
+        out = []
+        for d in p["directions"]:
+            out.append((d, scp_argv(key=str(g.key), user=g.user, address=g.address, port=g.port, direction=d,
+                                    local="/dev/null" if d == "tx" else local,
+                                    remote=GUEST_FILE if d == "tx" else "/dev/null", cipher=p["cipher"])))
+        return out
+
+    def prepare(self, ctx: WorkloadContext) -> None:
+        p = self.params(ctx)
+        size = p["size_mib"] * 1048576
+        if "tx" in p["directions"]:
+            # dd with a byte count (bs=1048576) so GNU and BSD dd read it alike.
+            ctx.guest.run("sh -c " + shlex.quote(
+                f"[ -f {GUEST_FILE} ] && [ \"$(wc -c < {GUEST_FILE})\" -eq {size} ] || "
+                f"dd if=/dev/urandom of={GUEST_FILE} bs=1048576 count={p['size_mib']} 2>/dev/null"), timeout=600)
+        res = proc.run(ctx.client.argv(["scp", "-h"]), timeout=30, check=False, what="scp on the client side")
+        if "usage" not in (res.stdout + res.stderr).lower():
+            raise LabError(f"{self.name}: scp does not run on the client side", hint="run `make setup`")
+
+    def run(self, ctx: WorkloadContext, repetition: int) -> RawOutput:
+        p = self.params(ctx)
+        size = p["size_mib"] * 1048576
+        ticks_cmd = osfacts.facts(ctx.os).cpu_ticks_cmd
+        log = SegmentLog(self.name, started=time.time())
+        with tempfile.TemporaryDirectory(prefix="lab-scp-") as tmp:
+            local = os.path.join(tmp, "lab-scp.bin")
+            if "rx" in p["directions"]:
+                with open(local, "wb") as f:
+                    for _ in range(p["size_mib"]):
+                        f.write(os.urandom(1048576))
+            for d, argv in self.commands(ctx, local):
+                before = snapshot(ctx.guest, ticks_cmd)
+                res = proc.run(ctx.client.argv(argv), timeout=3600, check=False, what="scp")
+                after = snapshot(ctx.guest, ticks_cmd)
+                log.add(d, res.returncode, res.stderr + res.stdout, before, after, started=log.started,
+                        seconds=res.seconds, command=shlex.join(argv))
+                log.extra[f"wall_seconds.{d}"] = f"{res.seconds:.3f}"
+        return log.raw({**p, "vcpus": ctx.vcpus, "repetition": repetition, "file_bytes": size})
+
+    def parse(self, raw: RawOutput) -> list[Sample]:
+        samples: list[Sample] = []
+        tags: list[str] = []
+        tag_labels: dict[str, dict] = {}
+        size = int(raw.params.get("file_bytes") or raw.params.get("size_mib", 0) * 1048576)
+        for tag, rc, text in split_segments(raw.stdout):
+            try:
+                r = parse_scp_output(text, size, tag, self.name)
+            except LabError as exc:
+                msg = exc.message + (f" (scp exit status {rc})" if rc else "")
+                raise LabError(f"{msg} [{tag}]", exc.hint) from None
+            labels = {"direction": tag, "size_mib": size // 1048576, "cipher": raw.params.get("cipher") or "default"}
+            tags.append(tag)
+            tag_labels[tag] = labels
+            samples += [Sample(f"throughput_mb_s_{tag}", r["throughput_mb_s"], "MB/s", True, dict(labels)),
+                        Sample(f"seconds_{tag}", r["seconds"], "s", False, dict(labels))]
+            if f"wall_seconds.{tag}" in raw.extra:
+                samples.append(Sample(f"wall_seconds_{tag}", float(raw.extra[f"wall_seconds.{tag}"]), "s", False,
+                                      dict(labels)))
+        return samples + cpu_samples(raw, tags=tags, tag_labels=tag_labels)
+
+
+SCP = register(Scp())

@@ -1,0 +1,216 @@
+"""Parsers of the application workloads against captured outputs (tests/data/README.md says where
+each came from; `*-constructed-*` files are constructed, the others captured for real)."""
+
+from __future__ import annotations
+
+import pytest
+
+from lab.errors import LabError
+from lab.model import RawOutput
+from lab.workloads import bulk_http, container_start, containers, cpu, git_clone, podman_build, scp
+
+from test_parsers import by_metric, read
+
+# ---------------------------------------------------------------------------------------------
+# time -p and git clone
+
+
+def test_time_p_linux_and_freebsd():
+    assert containers.parse_time_p(read("git/linux-2.39.5-clone-200x16k.txt"), "x") == pytest.approx(0.16)
+    assert containers.parse_time_p(read("git/freebsd-constructed-clone-jail.txt"), "x") == pytest.approx(41.87)
+    assert containers.parse_time_p("real 1,50\nuser 0,01\n", "x") == pytest.approx(1.5)  # a comma locale
+    with pytest.raises(LabError, match="no 'real <seconds>' line"):
+        containers.parse_time_p("fatal: boom\n", "git-clone")
+
+
+def test_clone_output_linux():
+    r = git_clone.parse_clone_output(read("git/linux-2.39.5-clone-200x16k.txt"))
+    assert r == {"seconds": 0.16, "pack_bytes": 3287395.0, "mb_s": pytest.approx(3287395 / 1e6 / 0.16)}
+
+
+def test_clone_output_freebsd_wc_pads_with_spaces():
+    r = git_clone.parse_clone_output(read("git/freebsd-constructed-clone-jail.txt"))
+    assert r["pack_bytes"] == 32849094 and r["mb_s"] == pytest.approx(32.849094 / 41.87)
+
+
+def test_clone_failure_is_an_error_naming_the_variant():
+    text = read("git/linux-2.39.5-clone-missing-repo.txt")
+    with pytest.raises(LabError, match="no 'pack_bytes' line"):
+        git_clone.parse_clone_output(text)
+    raw = RawOutput("git-clone", "", cpu.join_segments([("host", 128, text)]), returncode=128,
+                    params={"engine": "podman"}, extra={})
+    with pytest.raises(LabError, match=r"exit status 128\) \[host\]"):
+        git_clone.GIT_CLONE.parse(raw)
+
+
+def test_git_clone_parse_rows_per_place_with_cpu():
+    lin = read("git/linux-2.39.5-clone-200x16k.txt")
+    segs = [("guest", 0, lin), ("default", 0, lin), ("host-lrooff", 0, lin)]
+    extra = {"lro.guest": "off", "lro.default": "off", "lro.host-lrooff": "off"}
+    for i, (tag, _, _) in enumerate(segs):
+        extra[f"cpu_before.{tag}"] = f"cpu  {100 * i} 0 0 1000"
+        extra[f"cpu_after.{tag}"] = f"cpu  {100 * i + 50} 0 0 1050"
+    extra["cpu_before"], extra["cpu_after"] = extra["cpu_before.guest"], extra["cpu_after.host-lrooff"]
+    raw = RawOutput("git-clone", "", cpu.join_segments(segs), params={"engine": "podman"}, extra=extra)
+    m = by_metric(git_clone.GIT_CLONE.parse(raw))
+    for tag in ("guest", "default", "host-lrooff"):
+        assert m[f"clone_seconds_{tag}"].value == pytest.approx(0.16)
+        assert m[f"clone_mb_s_{tag}"].unit == "MB/s" and m[f"clone_mb_s_{tag}"].higher_is_better
+        assert m[f"cpu_busy_pct_{tag}"].value == pytest.approx(50.0)
+    assert m["clone_seconds_guest"].labels["container"] is None
+    assert m["clone_seconds_default"].labels == {"network": "default", "lro": "as-is", "lro_effective": "off",
+                                                 "container": "podman"}
+    assert m["clone_seconds_host-lrooff"].labels["lro"] == "off"
+
+
+# ---------------------------------------------------------------------------------------------
+# curl
+
+
+def test_curl_json_two_downloads():
+    r = bulk_http.parse_curl_json(read("curl/linux-7.88.1-json-2x4m.txt"))
+    assert r["transfers"] == 2 and r["bytes"] == 2 * 4194304
+    assert r["connects"] == 2  # python's http.server speaks HTTP/1.0: no keep-alive (nginx keeps it)
+    assert r["download_mb_s"] == pytest.approx(r["bytes"] / 1e6 / r["seconds"])
+
+
+def test_curl_json_404_is_an_error():
+    with pytest.raises(LabError, match=r"2 of 2 downloads failed \(HTTP 404"):
+        bulk_http.parse_curl_json(read("curl/linux-7.88.1-json-404.txt"))
+
+
+def test_curl_nothing_to_parse():
+    with pytest.raises(LabError, match="no curl -w"):
+        bulk_http.parse_curl_json("curl: (7) Failed to connect to 10.77.0.10 port 80\n")
+
+
+# ---------------------------------------------------------------------------------------------
+# podman build (stamped lines)
+
+
+def test_podman_build_steps_from_the_real_stamped_output():
+    r = podman_build.parse_build_output(read("podman/linux-4.3.1-build-host-stamped.txt"))
+    # each value: the next STEP's (or COMMIT's) stamp minus this STEP's stamp, as printed in the file
+    assert r["from_seconds"] == pytest.approx(1795433939.146505 - 1795433938.954495)
+    assert r["packages_seconds"] == pytest.approx(1795433969.821242 - 1795433939.146505)
+    assert r["clone_seconds"] == pytest.approx(1795433979.441844 - 1795433969.821242)
+    assert r["make_seconds"] == pytest.approx(1795433986.204032 - 1795433979.441844)
+    assert r["install_seconds"] == pytest.approx(1795433991.546462 - 1795433986.204032)
+    assert r["copy_seconds"] == pytest.approx(1795433996.234709 - 1795433991.546462)
+    assert r["extra_seconds"] == pytest.approx(1795434003.367891 - 1795433996.234709)
+    assert r["commit_seconds"] == pytest.approx(1795434005.950687 - 1795434003.367891)
+    assert r["build_seconds"] == pytest.approx(1795434005.950687 - 1795433938.389959)
+    assert r["rc"] == 0
+
+
+def test_docker_legacy_builder_output_times_the_same_steps():
+    r = podman_build.parse_build_output(read("podman/docker-constructed-20.10-legacy-build-stamped.txt"))
+    assert r["clone_seconds"] == pytest.approx(1795433979.441844 - 1795433969.821242)
+    assert r["extra_seconds"] == pytest.approx(1795434003.401220 - 1795433996.234709)  # to "Successfully built"
+    assert r["commit_seconds"] == pytest.approx(1795434003.950687 - 1795434003.401220)
+
+
+def test_freebsd_build_with_whole_second_stamps():
+    r = podman_build.parse_build_output(read("podman/freebsd-constructed-podman-build-stamped.txt"))
+    assert r["clone_seconds"] == 1795434582 - 1795430021  # the study's crawl: 76 min
+    assert r["build_seconds"] == 4604 and r["from_seconds"] == 0
+
+
+def test_failed_build_is_an_error_with_its_last_lines():
+    with pytest.raises(LabError, match=r"exit status 1: .*Error: building at STEP \"RUN git clone"):
+        podman_build.parse_build_output(read("podman/linux-constructed-build-failed-stamped.txt"))
+
+
+def test_build_output_cut_short_or_missing():
+    text = read("podman/linux-4.3.1-build-host-stamped.txt")
+    with pytest.raises(LabError, match="no exit status line"):
+        podman_build.parse_build_output(text.split("@@lab-build-rc")[0].rsplit("\n", 1)[0] + "\n")
+    with pytest.raises(LabError, match="no stamped build output"):
+        podman_build.parse_build_output("Error: no such image\n")
+    with pytest.raises(LabError, match="expected 6 steps"):
+        podman_build.parse_build_output(text, podman_build.STEPS[:6])
+
+
+def test_podman_build_parse_rows_and_na():
+    default = read("podman/linux-4.3.1-build-default-stamped.txt")
+    host = read("podman/linux-4.3.1-build-host-stamped.txt")
+    extra = {"cpu_before.podman-default": "cpu  0 0 0 100", "cpu_after.podman-default": "cpu  60 0 20 120",
+             "cpu_before.podman-host": "cpu  60 0 20 120", "cpu_after.podman-host": "cpu  100 0 40 160",
+             "cpu_before": "cpu  0 0 0 100", "cpu_after": "cpu  100 0 40 160",
+             "na.docker-default": "docker is not installed in the guest"}
+    raw = RawOutput("podman-build", "", cpu.join_segments([("podman-default", 0, default), ("podman-host", 0, host)]),
+                    params={"steps": list(podman_build.STEPS)}, extra=extra)
+    m = by_metric(podman_build.PODMAN_BUILD.parse(raw))
+    assert m["build_seconds_podman-host"].value == pytest.approx(67.560728)
+    assert m["build_seconds_podman-default"].labels == {"engine": "podman", "network": "default"}
+    for step in (*podman_build.STEPS, "commit"):
+        assert f"{step}_seconds_podman-default" in m and f"{step}_seconds_podman-host" in m
+    assert m["na_docker-default"].value == 1 and m["na_docker-default"].labels["na"] == \
+        "docker is not installed in the guest"
+    assert m["cpu_busy_pct_podman-default"].value == pytest.approx(80 / 100 * 100)
+    assert m["cpu_busy_pct_podman-host"].value == pytest.approx(60 / 100 * 100)
+
+
+# ---------------------------------------------------------------------------------------------
+# hyperfine
+
+
+def test_hyperfine_json_from_the_guest():
+    r = container_start.parse_hyperfine_json(read("hyperfine/linux-1.15.0-podman-crun-host.json"))
+    assert r["mean"] == pytest.approx(3453.906265) and r["min"] == pytest.approx(2622.34271)
+    assert r["stddev"] == pytest.approx(1176.0084574561855) and r["runs"] == 2
+    assert r["command"] == "podman run --rm --runtime=crun --network=host localhost/lab-base:latest true"
+
+
+def test_hyperfine_failed_runs_and_garbage():
+    import json
+
+    doc = json.loads(read("hyperfine/linux-1.15.0-podman-runc-default.json"))
+    doc["results"][0]["exit_codes"] = [0, 125]
+    with pytest.raises(LabError, match=r"failed in 1 of 2 runs \(exit codes \[0, 125\]\)"):
+        container_start.parse_hyperfine_json(json.dumps(doc))
+    with pytest.raises(LabError, match="not hyperfine JSON; first line of output: 'Error: Command terminated"):
+        container_start.parse_hyperfine_json("Error: Command terminated with non-zero exit code: 125.\n")
+
+
+def test_container_start_parse_rows():
+    host = read("hyperfine/linux-1.15.0-podman-crun-host.json")
+    runc = read("hyperfine/linux-1.15.0-podman-runc-default.json")
+    extra = {"cpu_before.crun-host-persistent": "cpu  0 0 0 100", "cpu_after.crun-host-persistent": "cpu  30 0 10 160",
+             "cpu_before.runc-default-persistent": "cpu  30 0 10 160",
+             "cpu_after.runc-default-persistent": "cpu  90 0 30 200",
+             "cpu_before": "cpu  0 0 0 100", "cpu_after": "cpu  90 0 30 200",
+             "runtime_version.crun-host-persistent": "crun version 1.8.1",
+             "na.crun-host-transient": "podman 4.3.1 has no --transient-store (Error: unknown flag: --transient-store)"}
+    raw = RawOutput("container-start", "", cpu.join_segments([("crun-host-persistent", 0, host),
+                                                               ("runc-default-persistent", 0, runc)]), extra=extra)
+    m = by_metric(container_start.CONTAINER_START.parse(raw))
+    assert m["start_ms_runc-default-persistent"].value == pytest.approx(8786.485005)
+    assert m["start_ms_crun-host-persistent"].labels == {"runtime": "crun", "runtime_version": "crun version 1.8.1",
+                                                         "network": "host", "store": "persistent", "runs": 2}
+    assert m["na_crun-host-transient"].labels["store"] == "transient"
+    assert m["cpu_busy_pct_crun-host-persistent"].value == pytest.approx(40 / 100 * 100)
+
+
+# ---------------------------------------------------------------------------------------------
+# scp (ssh LogLevel=VERBOSE)
+
+
+def test_scp_both_directions_from_the_guest_run():
+    tx = scp.parse_scp_output(read("scp/linux-openssh-9.2-tx-16m.txt"), 16 * 1048576, "tx")
+    assert tx["seconds"] == 1.1 and tx["received"] == 16792332
+    assert tx["throughput_mb_s"] == pytest.approx(16 * 1048576 / 1e6 / 1.1)
+    rx = scp.parse_scp_output(read("scp/linux-openssh-9.2-rx-16m.txt"), 16 * 1048576, "rx")
+    assert rx["seconds"] == 3.2 and rx["sent"] == 16793728
+
+
+def test_scp_short_transfer_and_failure():
+    with pytest.raises(LabError, match="less than the 67108864 bytes file"):
+        scp.parse_scp_output(read("scp/linux-openssh-9.2-tx-16m.txt"), 64 * 1048576, "tx")
+    with pytest.raises(LabError, match="no 'Transferred:"):
+        scp.parse_scp_output("ssh: connect to host 10.77.0.10 port 22: Connection refused\n", 1, "rx")
+
+
+def test_bulk_http_from_nginx_in_the_guest():
+    r = bulk_http.parse_curl_json(read("curl/linux-7.88.1-json-2x64m-nginx.txt"))
+    assert r["transfers"] == 2 and r["bytes"] == 2 * 67108864 and r["connects"] == 1  # kept alive

@@ -1,0 +1,133 @@
+"""The bare-metal cell and the repetition policy, for real, without VMs: `lab run` of a lab whose
+only cell is the host itself (its own namespace, veth, cgroup, nginx), with real sysbench, iperf3,
+wrk and nginx. Fast, so it also carries the runner's rounds and adaptive repetition end to end."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from lab.backends import local
+from lab.store import Store
+from lab.wait import wait_until
+
+from conftest import LAB, leftovers, run_lab_cli, write_lab
+
+BARE_ONLY = 'nic = ["virtio"]\nexclude = [{ nic = "virtio" }]\n'
+
+
+def cgroups_of(run_id: str) -> list[str]:
+    roots = [Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/cpuacct")]
+    return [str(p) for r in roots if r.is_dir() for p in r.glob(f"lab-{run_id}-*")]
+
+
+def test_bare_metal_rounds_adaptive_all_workloads(workdir, tmp_path):
+    suite = """
+workloads = ["sysbench-cpu", "iperf3-tcp", "http", "https"]
+order = "interleaved"
+repetitions = 5
+repetitions_per_boot = 3
+warmup = 1
+target_ci_pct = 100.0
+max_repetitions = 6
+bare_metal = true
+[suite.params.sysbench-cpu]
+time = 1
+threads = [1]
+[suite.params.iperf3-tcp]
+time = 1
+directions = ["tx"]
+[suite.params.http]
+duration = 1
+connections = [10]
+[suite.params.https]
+duration = 1
+connections = [10]
+"""
+    cfg = write_lab(tmp_path, workdir, matrix=BARE_ONLY, suite=suite)
+    res = run_lab_cli("run", "-c", str(cfg), timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    store = Store(tmp_path / "results")
+    (run,) = store.runs()
+    (cell,) = store.cells(run.id)
+    assert (cell.cell_id, cell.label, cell.status) == ("bm01", "local/bare-metal", "done")
+    assert cell.facts["verified"]["vcpus"] == os.cpu_count() and cell.facts["verified"]["nic_driver"] == "veth"
+    assert "cgroup" in cell.facts["cpu_accounting"] and "nginx" in cell.facts
+    assert not cell.facts.get("skipped_workloads")
+    # adaptive with a wide target: the minimum n; 3 per boot -> two rounds, each with its warm-ups
+    n = {}
+    for s in store.samples(run.id):
+        n.setdefault((s.workload, s.metric), set()).add(s.repetition)
+    assert {k: len(v) for k, v in n.items() if k[1].startswith(("events_per_s", "throughput", "requests"))} == {
+        ("sysbench-cpu", "events_per_s_1t"): 5, ("iperf3-tcp", "throughput_mbit_s_tx"): 5,
+        ("http", "requests_per_s_c10"): 5, ("https", "requests_per_s_c10"): 5}
+    ex = store.executions(run.id)
+    assert all(e.outcome == "ok" and e.finished_at and e.raw_id for e in ex)
+    assert [(e.round, e.workload, e.repetition) for e in ex if e.workload == "iperf3-tcp"] == [
+        (1, "iperf3-tcp", -1), (1, "iperf3-tcp", 0), (1, "iperf3-tcp", 1), (1, "iperf3-tcp", 2),
+        (2, "iperf3-tcp", -1), (2, "iperf3-tcp", 3), (2, "iperf3-tcp", 4)]
+    assert [e.seq for e in ex] == sorted(e.seq for e in ex)
+    assert run.manifest["rounds"] == [["bm01"], ["bm01"]]
+    assert run.manifest["schedule"]["order"] == "interleaved" and run.manifest["schedule"]["seed"] == run.seed
+    stopped = run.manifest["repetitions"]["bm01"]
+    assert all(v["n"] == 5 and v["stopped"].startswith("95 % CI of the median within ±100 %") for v in stopped.values())
+    assert {s.labels["round"] for s in store.samples(run.id)} == {1, 2}
+    # CPU busy % of the cell's own cgroup: one sysbench thread is one CPU of the host's, whatever
+    # else the machine runs
+    busy = [s.value for s in store.samples(run.id) if s.metric == "cpu_busy_pct_1t"]
+    one_cpu = 100.0 / os.cpu_count()
+    assert all(0.4 * one_cpu < b < 1.2 * one_cpu for b in busy), busy
+    # everything made is gone: directory, namespace, cgroup, nginx
+    assert leftovers(workdir, run.id) == [] and cgroups_of(run.id) == []
+    assert not any(ns.startswith(f"lab-{run.id}") for ns in local.list_netns())
+    show = run_lab_cli("show", run.id, "-c", str(cfg))
+    assert show.returncode == 0 and "bare-metal" in show.stdout and "n = 5, 95 % CI" in show.stdout
+
+
+def test_adaptive_budget_and_kill_9_then_gc(workdir, tmp_path):
+    suite = """
+workloads = ["sysbench-cpu"]
+repetitions = 3
+warmup = 0
+target_ci_pct = 0.0001
+max_repetitions = 4
+bare_metal = true
+[suite.params.sysbench-cpu]
+time = 1
+threads = [1]
+"""
+    cfg = write_lab(tmp_path, workdir, matrix=BARE_ONLY, suite=suite)
+    res = run_lab_cli("run", "-c", str(cfg), timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    store = Store(tmp_path / "results")
+    (run,) = store.runs()
+    o = run.manifest["repetitions"]["bm01"]["sysbench-cpu"]
+    assert o["n"] == 4 and o["stopped"].startswith("budget: 4 repetitions"), o
+    # kill -9 mid-run: the namespace, veth, cgroup and directory stay behind until `lab gc`
+    cfg.write_text(cfg.read_text().replace("max_repetitions = 4", "max_repetitions = 200"))
+    p = subprocess.Popen([*LAB, "run", "-c", str(cfg)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                         start_new_session=True)
+
+    def second_run_measuring():
+        s = Store(tmp_path / "results")
+        try:
+            runs = s.runs()
+            return runs[-1].id if len(runs) == 2 and s.samples(runs[-1].id) else None
+        finally:
+            s.close()
+
+    try:
+        rid = wait_until(second_run_measuring, timeout=120, what="the second run's first sample", interval=0.2)
+    finally:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+    assert leftovers(workdir, rid) and f"lab-{rid}-bm01" in local.list_netns()
+    gc = run_lab_cli("gc", "-c", str(cfg), timeout=120)
+    assert gc.returncode == 0, gc.stdout + gc.stderr
+    assert leftovers(workdir, rid) == [] and cgroups_of(rid) == []
+    assert not any(ns.startswith(f"lab-{rid}") for ns in local.list_netns())
+    assert Store(tmp_path / "results").samples(rid), "samples measured before the kill stay stored"

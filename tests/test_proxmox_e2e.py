@@ -1,0 +1,136 @@
+"""`lab run` (the CLI) against the PVE emulator backed by real QEMU guests of the golden image.
+
+The emulated node is a network namespace this test makes (bridge vmbr0 + one tap per VM); the lab's
+client side (iperf3 server, SSH) runs in the same namespace through `client_netns`. The template is
+made by the backend's own publish path (upload + import-from). Then `lab run` clones it, gives the
+guest a static address through ipconfig0, finds it through the guest agent, runs the workloads,
+stops and deletes it, and nothing is left: no VM, no volume, no QEMU, no tap, no disk file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from conftest import run_lab_cli
+from pve_emulator import PveEmulator
+from pve_emulator.fixtures import FULL_ACL, TOKEN_ID, TOKEN_SECRET, pve_certs_fixture  # noqa: F401
+from pve_emulator.qemu import QemuBacking
+
+from lab import IMAGES_DIR, proc
+from lab.backends.local import QEMU
+from lab.backends.proxmox import ProxmoxBackend
+
+SUBNET = "10.98.4"
+
+
+@pytest.fixture
+def node_netns():
+    name = f"pvetest-{os.getpid()}"
+    proc.run(["ip", "netns", "add", name])
+    try:
+        proc.run(["ip", "-n", name, "link", "set", "lo", "up"])
+        proc.run(["ip", "-n", name, "link", "add", "vmbr0", "type", "bridge"])
+        proc.run(["ip", "-n", name, "addr", "add", f"{SUBNET}.1/24", "dev", "vmbr0"])
+        proc.run(["ip", "-n", name, "link", "set", "vmbr0", "up"])
+        yield name
+    finally:
+        proc.run(["ip", "netns", "del", name], check=False)
+
+
+def _qemus_under(workdir: Path) -> list[int]:
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                argv = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
+            except OSError:
+                continue
+            if argv and argv[0].endswith(QEMU) and any(str(workdir) in a for a in argv):
+                out.append(int(entry.name))
+    return out
+
+
+@pytest.mark.vm
+@pytest.mark.image
+def test_lab_run_against_the_emulator_end_to_end(golden, pve_certs, node_netns, tmp_path):
+    workdir = Path(tempfile.mkdtemp(prefix="pveq", dir="/var/tmp"))
+    backing = QemuBacking(golden, netns=node_netns, workdir=workdir, key=IMAGES_DIR / "lab_key", subnet=SUBNET)
+    emu = PveEmulator("8.4", pve_certs, auth_delay=0.05, backing=backing)
+    emu.add_token(TOKEN_ID, TOKEN_SECRET, acl=FULL_ACL)
+    try:
+        with emu:
+            settings = {"url": emu.url, "node": "pve1", "token": f"{TOKEN_ID}={TOKEN_SECRET}",
+                        "ca_file": str(pve_certs.ca_file), "storage": "local-lvm"}
+            t0 = time.monotonic()
+            assert ProxmoxBackend("pve", settings).publish_image(golden) == "lab-debian12"
+            publish_s = time.monotonic() - t0
+            (tmp_path / "lab.toml").write_text(textwrap.dedent(f"""
+                [lab]
+                results = "{tmp_path / 'results'}"
+                [hosts.pve]
+                backend = "proxmox"
+                url = "{emu.url}"
+                node = "pve1"
+                token = "env:LAB_TEST_PVE_TOKEN"
+                ca_file = "{pve_certs.ca_file}"
+                storage = "local-lvm"
+                bridge = "vmbr0"
+                addresses = "{SUBNET}.10-{SUBNET}.19"
+                gateway = "{SUBNET}.1"
+                client_address = "{SUBNET}.1"
+                client_netns = "{node_netns}"
+                timeouts = {{ agent = 400, ready = 420 }}
+                [matrix]
+                host = ["pve"]
+                nic = ["e1000"]
+                vcpus = [1]
+                memory_mib = [1024]
+                [suite]
+                workloads = ["sysbench-cpu", "iperf3-tcp"]
+                repetitions = 1
+                warmup = 0
+                [suite.params.sysbench-cpu]
+                time = 3
+                [suite.params.iperf3-tcp]
+                time = 3
+                """))
+            t0 = time.monotonic()
+            res = run_lab_cli("run", "-c", str(tmp_path / "lab.toml"), cwd=tmp_path, timeout=900,
+                              env={"LAB_TEST_PVE_TOKEN": f"{TOKEN_ID}={TOKEN_SECRET}"})
+            run_s = time.monotonic() - t0
+            print(f"publish {publish_s:.1f} s (upload + import + template of {golden.path.stat().st_size >> 20} MiB), "
+                  f"lab run {run_s:.1f} s")
+            assert res.returncode == 0, res.stderr[-3000:]
+            assert TOKEN_SECRET not in res.stdout + res.stderr
+            shown = run_lab_cli("show", "--json", "-c", str(tmp_path / "lab.toml"), cwd=tmp_path)
+            doc = json.loads(shown.stdout)
+            (cell,) = doc["cells"]
+            assert cell["status"] == "done", cell
+            facts = cell["facts"] if isinstance(cell["facts"], dict) else json.loads(cell["facts"])
+            assert facts["address_source"] == "agent" and facts["node"] == "pve1"
+            assert facts["verified"]["nic_driver"] == "e1000" and facts["verified"]["vcpus"] == 1
+            metrics = {(s["workload"], s["metric"]) for s in doc["samples"]}
+            assert any(w == "sysbench-cpu" and m.startswith("events_per_s") for w, m in metrics), metrics
+            assert any(w == "iperf3-tcp" and "throughput" in m for w, m in metrics)
+            # the guest was configured from ipconfig0 and answered the agent from the real guest
+            clones = [p for m, path, p in emu.requests if m == "PUT" and path.endswith("/config")]
+            assert clones and clones[0]["ipconfig0"] == f"ip={SUBNET}.10/24,gw={SUBNET}.1"
+            assert TOKEN_SECRET not in json.dumps(doc)
+            # nothing left: VMs, volumes, QEMU, taps, files
+            assert emu.vm_ids() == [] and emu.guests() == []
+            assert [v for v in emu.volume_ids()] == []
+        assert _qemus_under(workdir) == []
+        links = proc.run(["ip", "-n", node_netns, "-o", "link", "show"]).stdout
+        assert "pvetap" not in links, links
+        assert list(workdir.iterdir()) == []
+    finally:
+        for pid in _qemus_under(workdir):  # only if an assertion failed midway
+            os.kill(pid, 9)
+        shutil.rmtree(workdir, ignore_errors=True)

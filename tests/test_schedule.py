@@ -1,0 +1,161 @@
+"""The repetition policy (lab.schedule) and the run's units and rounds (lab.plan), on seeded data."""
+
+from __future__ import annotations
+
+import collections
+
+import numpy as np
+import pytest
+
+from lab import config, plan, schedule
+from lab.model import Sample
+
+
+def suite(**kw) -> config.SuiteSection:
+    return config.parse({"suite": kw}).suite
+
+
+def feed(tally: schedule.Tally, s: config.SuiteSection, values, *, metric="throughput", seconds=1.0, seed=0):
+    """Add repetitions one at a time as the runner does; returns after the policy stops it."""
+    for v in values:
+        if tally.stopped:
+            break
+        tally.add([Sample(metric, float(v), "Mbit/s", True), Sample("cpu_busy_pct", 50.0, "%", False),
+                   Sample("latency_ms", float(v) * 3, "ms", False)], seconds)
+        tally.update(s, seed=seed)
+    return tally
+
+
+def test_fixed_n_stops_at_n():
+    s = suite(repetitions=5)
+    t = feed(schedule.Tally(), s, range(100, 200))
+    assert t.n == 5 and t.reason == "fixed n = 5"
+    assert t.values == {"throughput": [100.0, 101.0, 102.0, 103.0, 104.0]}  # only throughput-like metrics steer
+
+
+def test_adaptive_stops_when_the_ci_is_narrow_enough():
+    s = suite(repetitions=3, target_ci_pct=2.0, max_repetitions=50)
+    rng = np.random.default_rng(1)
+    t = feed(schedule.Tally(), s, rng.normal(1000, 1000 * 0.01, 200))  # CV 1 %
+    assert t.reason.startswith("95 % CI of the median within ±2 %"), t.reason
+    assert 3 <= t.n < 50
+
+
+def test_adaptive_noisier_data_needs_more_repetitions():
+    s = suite(repetitions=3, target_ci_pct=2.0, max_repetitions=200)
+    ns = {}
+    for cv in (0.005, 0.05):
+        runs = []
+        for seed in range(20):
+            rng = np.random.default_rng(seed)
+            runs.append(feed(schedule.Tally(), s, rng.normal(1000, 1000 * cv, 400)).n)
+        ns[cv] = float(np.median(runs))
+    assert ns[0.005] < ns[0.05], ns
+
+
+def test_adaptive_budgets():
+    noisy = np.random.default_rng(2).normal(1000, 300, 500)  # CV 30 %: never within ±1 %
+    by_count = feed(schedule.Tally(), suite(repetitions=3, target_ci_pct=1.0, max_repetitions=7), noisy)
+    assert by_count.n == 7 and by_count.reason.startswith("budget: 7 repetitions"), by_count.reason
+    assert "throughput" in by_count.reason
+    by_time = feed(schedule.Tally(), suite(repetitions=3, target_ci_pct=1.0, max_repetitions=100, max_seconds=10),
+                   noisy, seconds=2.5)
+    assert by_time.n == 4 and by_time.reason.startswith("budget: 10 s"), by_time.reason
+
+
+def test_adaptive_never_stops_before_the_minimum():
+    s = suite(repetitions=6, target_ci_pct=50.0, max_repetitions=10)
+    t = feed(schedule.Tally(), s, [100.0] * 20)  # constant: the CI is [100, 100] from n = 1
+    assert t.n == 6
+    # nor on the CI before n = 5, whatever `repetitions` says: three lucky values are not precision
+    t3 = feed(schedule.Tally(), suite(repetitions=3, target_ci_pct=50.0), [100.0] * 20)
+    assert t3.n == schedule.ADAPTIVE_MIN_N == 5
+    # a budget below that still holds
+    t4 = feed(schedule.Tally(), suite(repetitions=3, target_ci_pct=50.0, max_repetitions=4), [100.0] * 20)
+    assert t4.n == 4 and t4.reason.startswith("budget: 4 repetitions")
+
+
+def test_adaptive_without_a_throughput_metric_stops_at_the_minimum():
+    s = suite(repetitions=3, target_ci_pct=1.0)
+    t = schedule.Tally()
+    for _ in range(10):
+        t.add([Sample("latency_ms", 5.0, "ms", False)], 1.0)
+        t.update(s)
+        if t.stopped:
+            break
+    assert t.n == 5 and "no throughput-like metric" in t.reason  # the adaptive minimum
+
+
+def test_flagged_repetitions_do_not_steer():
+    t = schedule.Tally()
+    t.add([Sample("rps", 1.0, "req/s", True, {"flagged": 1})], 1.0)
+    assert t.values == {} and t.n == 1
+
+
+def test_outcome_describe_planned_skipped():
+    s = suite(order="interleaved", repetitions=4, repetitions_per_boot=2, target_ci_pct=3, max_repetitions=9)
+    assert schedule.describe(s, 7) == {"order": "interleaved", "seed": 7, "repetitions": 4, "warmup": 1,
+                                       "repetitions_per_boot": 2, "target_ci_pct": 3.0, "max_repetitions": 9,
+                                       "max_seconds": None}
+    assert schedule.planned(s) == "4-9" and schedule.planned(suite(repetitions=5)) == "5"
+    t = schedule.Tally()
+    t.stop("skipped: nginx is not installed")
+    tallies = {("bm01", "http"): t, ("bm01", "iperf3-tcp"): feed(schedule.Tally(), suite(repetitions=2), [1, 2])}
+    assert schedule.skipped(tallies, "bm01") == {"http": "nginx is not installed"}
+    assert schedule.skipped(tallies, "c01") == {}
+    assert schedule.outcome(tallies)["bm01"]["iperf3-tcp"] == {"n": 2, "seconds": 2.0, "stopped": "fixed n = 2"}
+
+
+# --- units and rounds --------------------------------------------------------------------------------
+
+def test_units_twin_and_bare_metal():
+    cfg = config.parse({"matrix": {"nic": ["virtio", "e1000"]}, "suite": {"noise_floor": True, "bare_metal": True}})
+    units = plan.units(cfg)
+    assert [u.id for u in units] == ["c01", "c02", "c01-aa", "bm01"]
+    twin, bm = units[2], units[3]
+    assert twin.label == units[0].label + "#aa" and twin.axes() == {**units[0].axes(), "replica": 2}
+    assert (bm.label, bm.axes(), bm.kind) == ("local/bare-metal", {"host": "local", "kind": "bare-metal"}, "bare-metal")
+    idx = [plan.store_index(u, 2) for u in units]
+    assert idx == sorted(idx) and len(set(idx)) == 4
+    assert [u.id for u in plan.units(config.parse({}))] == ["c01"]
+
+
+def test_a_bare_metal_only_lab_is_allowed():
+    cfg = config.parse({"matrix": {"exclude": [{"nic": "virtio"}]}, "suite": {"bare_metal": True}})
+    assert [u.id for u in plan.units(cfg)] == ["bm01"]
+
+
+def test_rounds_split_the_repetitions():
+    assert plan.rounds(4, 2) == [2, 2]
+    assert plan.rounds(5, 2) == [2, 2, 1]
+    assert plan.rounds(3, 5) == [3]
+    assert plan.rounds(3, 1) == [1, 1, 1]
+
+
+def test_round_order_is_seeded_per_round_and_balanced():
+    cfg = config.parse({"matrix": {"nic": ["virtio", "e1000", "e1000e", "rtl8139"]}})
+    units = plan.cells(cfg)
+    r1 = [u.id for u in plan.round_order(units, 11, 1)]
+    assert r1 == [u.id for u in plan.round_order(list(reversed(units)), 11, 1)]  # input order does not matter
+    assert sorted(r1) == [u.id for u in units]
+    orders = [tuple(u.id for u in plan.round_order(units, 11, r)) for r in range(1, 41)]
+    assert len(set(orders)) > 10  # a fresh shuffle each round
+    # over many rounds every cell takes every position about equally often (no cell always last)
+    last = collections.Counter(o[-1] for o in orders)
+    assert set(last) == {u.id for u in units} and max(last.values()) <= 20
+    # a cell dropping out does not reshuffle the others' relative order
+    without = [u.id for u in plan.round_order(units[1:], 11, 1)]
+    assert without == [x for x in r1 if x != "c01"]
+
+
+@pytest.mark.parametrize("order, boots", [("sequential", 1), ("interleaved", 3)])
+def test_estimate_counts_boots_and_warmups(order, boots):
+    from lab import runner
+
+    extra = {"repetitions_per_boot": 1} if order == "interleaved" else {}
+    cfg = config.parse({"suite": {"workloads": ["sysbench-cpu"], "repetitions": 3, "warmup": 1, "order": order,
+                                  "bare_metal": True, "params": {"sysbench-cpu": {"time": 1}}, **extra}})
+    units = plan.units(cfg)
+    per_rep = runner.estimate_seconds(cfg, units[1:]) / (3 + 1 * boots)  # the bare-metal cell: no boot
+    assert runner.estimate_seconds(cfg, units[:1]) == pytest.approx(boots * runner.BOOT_ESTIMATE_S
+                                                                    + (3 + boots) * per_rep)
