@@ -463,7 +463,7 @@ def _check_network_axes(cfg: LabConfig) -> None:
             raise ConfigError(src, f"wan.{name}", "{…}", "is not a usable profile name (letters, digits, _ . -; not \"none\")")
         if prof.jitter_ms > prof.delay_ms:
             raise ConfigError(src, f"wan.{name}.jitter_ms", prof.jitter_ms,
-                              f"is larger than delay_ms ({prof.delay_ms:g}): netem would reorder most packets")
+                              f"is larger than delay_ms ({prof.delay_ms:g}): netem would be asked for negative delays")
     for i, w in enumerate(m.wan):
         if w != "none" and w not in cfg.wan:
             raise ConfigError(src, f"matrix.wan[{i}]", w,
