@@ -349,8 +349,10 @@ def run_cell(ctx: RunContext, cell: plan.Cell, image, position: int, total: int,
         if reason:
             status, error = CellStatus.NA, reason
             return status
+        t = cell_facts["tuning"]  # what is in effect, never the names asked for
         sig = json.dumps([cell.host, cell.image, cell.nic.value, cell.vcpus, cell.memory_mib, cell.disk_bus.value,
-                          cell.clone.value, cell.replica, cell_facts["tuning"]], sort_keys=True, default=str)
+                          cell.clone.value, cell.replica, t["effective"], t["cc"]["effective"],
+                          t["offloads"]["effective"], t["wan"].get("netem")], sort_keys=True, default=str)
         first = ctx.signatures.setdefault(sig, cell.id)
         if first != cell.id:  # found by reading back: the guest is configured as an earlier cell was
             status = record_duplicate(ctx, cell, first, cell_facts, "read-back", finish=False)
