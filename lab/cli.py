@@ -308,7 +308,7 @@ def _in_effect(t: dict) -> str:
     """One line of what the tune stage read back: sysctls, cc, offloads, qdisc."""
     parts = [f"cc {t['cc']['effective']}"] if (t.get("cc") or {}).get("effective") else []
     if (t.get("offloads") or {}).get("effective"):
-        parts.append("offloads " + " ".join(f"{k}={v}" for k, v in t["offloads"]["effective"].items()))
+        parts.append("offloads " + " ".join(f"{k}={v}" for k, v in sorted(t["offloads"]["effective"].items())))
     w = t.get("wan") or {}
     if w.get("netem"):
         parts.append(f"netem ({w['where']}, {w['dev']}) " + " ".join(f"{k}={v:g}" for k, v in w["netem"].items()))

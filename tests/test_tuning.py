@@ -176,3 +176,15 @@ def test_example_loads_and_plans(path, tmp_path):
     res = run_lab_cli("plan", "-c", str(path), cwd=tmp_path, timeout=120)
     assert res.returncode == 0, res.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == [], "lab plan created something"
+
+
+def test_selecting_cells_by_network_axes():
+    from lab import analysis
+    from lab.store import CellRow
+
+    def row(cid, **axes):
+        return CellRow("r", cid, 1, cid, {"host": "local", "nic": "virtio", **axes}, "done", None, None, {})
+
+    plain, bbr = row("c01"), row("c02", cc="bbr")
+    assert analysis.matches(plain, {"cc": "default"}) and not analysis.matches(bbr, {"cc": "default"})
+    assert analysis.matches(bbr, {"cc": "bbr"}) and analysis.matches(plain, {"wan": "none"})
