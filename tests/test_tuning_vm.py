@@ -11,9 +11,6 @@ checks the knobs one by one, one `lab run` checks that the runner records them.
 
 from __future__ import annotations
 
-import json
-import os
-import statistics
 import time
 
 import pytest
@@ -27,7 +24,7 @@ from lab.store import Store
 from lab.workloads import WorkloadContext
 from lab.workloads.iperf3 import Iperf3Tcp
 
-from conftest import leftovers, run_lab_cli, write_lab
+from conftest import leftovers, local_run, run_lab_cli, write_lab
 
 pytestmark = [pytest.mark.vm, pytest.mark.image]
 
@@ -56,15 +53,11 @@ def iperf3_mbit(guest, client, address: str) -> float:
 @pytest.mark.timeout(900)
 def test_knobs_read_back_in_one_guest(golden, workdir):
     facts = osfacts.facts("debian")
-    backend = local.LocalBackend("local", {"workdir": str(workdir), "accel": "auto"})
-    backend.check()
-    run_id = os.urandom(4).hex()
-    client = backend.open_run(run_id)
-    vm = None
-    try:
+    with local_run(workdir) as made:
+        backend, run_id, client = made["backend"], made["run_id"], made["client"]
         spec = VmSpec(name=f"lab-{run_id}-c01", run_id=run_id, cell_id="c01", image=golden, nic=NicModel.VIRTIO,
                       vcpus=2, memory_mib=1024, clone=CloneKind.LINKED, expires_at=time.time() + 900)
-        vm = backend.clone(golden, spec)
+        vm = made["vm"] = backend.clone(golden, spec)
         backend.start(vm)
         address = backend.wait_ready(vm)
         with Guest(address, key=local.lab_key(), netns=client.netns) as guest:
@@ -115,10 +108,6 @@ def test_knobs_read_back_in_one_guest(golden, workdir):
             assert back.effective["tso"] == "on" and back.effective["gro"] == "on"
             lro = tuning.apply_offloads(guest, facts, "eth0", {"lro": True})
             assert not lro.applicable and "[fixed]" in lro.reason
-    finally:
-        if vm is not None:
-            backend.destroy(vm)
-        backend.close_run(run_id)
     assert leftovers(workdir, run_id) == []
 
 
