@@ -62,7 +62,10 @@ def test_knobs_read_back_in_one_guest(golden, workdir):
         address = backend.wait_ready(vm)
         with Guest(address, key=local.lab_key(), netns=client.netns) as guest:
             guest.connect(timeout=90)
-            # 0 ms first: the baseline RTT and throughput of this link
+            # 0 ms first: the baseline RTT and throughput of this link. A 256 KiB send buffer for
+            # both: one stream then carries at most ~256 KiB per round trip (~40 Mbit/s at 50 ms),
+            # so the delay shows even when a busy TCG host is what limits the 0 ms figure.
+            guest.run("sysctl -q -w net.ipv4.tcp_wmem='4096 16384 262144'")
             rtt0 = tcp_rtt_ms(client.netns, address)
             mbit0 = iperf3_mbit(guest, client, address)
 
@@ -81,8 +84,7 @@ def test_knobs_read_back_in_one_guest(golden, workdir):
             print(f"\nnetem at {where}: TCP connect RTT {rtt0:.2f} ms -> {rtt50:.2f} ms; "
                   f"iperf3 1 stream tx {mbit0:.0f} -> {mbit50:.0f} Mbit/s")
             assert 45 <= rtt50 - rtt0 <= 70
-            # default buffers (tcp_wmem max 4 MiB) cap one stream near 4 MiB / 50 ms = 670 Mbit/s
-            assert mbit50 < 0.9 * mbit0
+            assert mbit50 < 0.6 * mbit0
 
             # bbr: not there until its module is loaded; the knob loads it
             assert "bbr" not in guest.run("sysctl -n net.ipv4.tcp_available_congestion_control").stdout
