@@ -156,14 +156,14 @@ def plan_cmd(config_path):
     """Show the matrix cells, what will be created, and an estimate of time."""
     cfg = config.load(config_path)
     units = plan.units(cfg)
-    cells = [u for u in units if u.kind == "vm"]
+    dups = plan.equivalents(cfg, units)
+    cells = [u for u in units if u.kind == "vm" and u.id not in dups]  # duplicates are not booted
     table = Table(title=f"{cfg.lab.name}: {len(units)} cells", show_lines=False)
     m = cfg.matrix
     net_cols = [a for a, dflt in (("cc", "default"), ("offloads", "default"), ("wan", "none"))
                 if getattr(m, a) != [dflt]]  # shown only when the lab varies or sets them
     for col in ("cell", "host", "image", "nic", "vcpus", "memory", "disk", "clone", "tuning", *net_cols):
         table.add_column(col)
-    dups = plan.equivalents(cfg, units)
     for c in units:
         if c.kind == plan.BARE_METAL:
             table.add_row(c.id, c.host, "the host itself (bare metal: the baseline)", "veth", "all", "", "", "", "as is",

@@ -103,7 +103,10 @@ def estimate_seconds(cfg: LabConfig, cells: list[plan.Unit]) -> float:
         est = getattr(wl, "estimate_seconds", None)
         per_rep += est(params) if est else float(params.get("time", params.get("duration", 10))) + 3
     total = 0.0
+    dups = plan.equivalents(cfg, cells)
     for c in cells:
+        if c.id in dups:
+            continue  # recorded as a duplicate, never booted
         total += (0 if c.kind == plan.BARE_METAL else boots * BOOT_ESTIMATE_S)
         total += (suite.repetitions + boots * suite.warmup) * per_rep
     return total

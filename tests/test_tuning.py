@@ -152,6 +152,7 @@ def test_lab_plan_reports_duplicates(tmp_path):
     assert "c03 is the same effective configuration as c01" in res.stdout
     assert "c04 is the same effective configuration as c01" in res.stdout
     assert "all zeros: same as none" in res.stdout
+    assert "creates: 1 VM(s)" in res.stdout  # the three duplicates are not booted
 
 
 def test_examples_exist():
