@@ -62,7 +62,9 @@ def matches(cell: CellRow, selector: dict[str, str]) -> bool:
     """Every k=v of the selector holds. A/A twins only when the selector asks for a replica."""
     if is_twin(cell) and "replica" not in selector:
         return False
-    axes = {**cell.axes, "kind": kind(cell)}
+    # network axes are stored only when set (lab.plan.Cell.network_axes): cc=default selects the rest
+    unset = {"cc": "default", "offloads": "default", "wan": "none"} if kind(cell) == "vm" else {}
+    axes = {**unset, **cell.axes, "kind": kind(cell)}
     return all(str(axes.get(k)) == v for k, v in selector.items())
 
 

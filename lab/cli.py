@@ -21,7 +21,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from lab import PACKER_DIR, __version__, config, images, plan, results, runner
+from lab import PACKER_DIR, __version__, config, images, plan, results, runner, wan
 from lab.errors import LabError, UsageError
 from lab.store import Store
 
@@ -72,7 +72,7 @@ class RichReporter:
 
     def cell_finished(self, cell, status, error):
         self.progress.advance(self.task)
-        style = {"done": "green", "n/a": "yellow"}.get(status, "red")
+        style = {"done": "green", "n/a": "yellow", "duplicate": "yellow"}.get(status, "red")
         self.progress.console.print(f"  {cell.id} {cell.label}: [{style}]{status}[/]" + (f" ({error})" if error else ""))
 
     def warn(self, message):
@@ -156,17 +156,31 @@ def plan_cmd(config_path):
     """Show the matrix cells, what will be created, and an estimate of time."""
     cfg = config.load(config_path)
     units = plan.units(cfg)
-    cells = [u for u in units if u.kind == "vm"]
+    dups = plan.equivalents(cfg, units)
+    cells = [u for u in units if u.kind == "vm" and u.id not in dups]  # duplicates are not booted
     table = Table(title=f"{cfg.lab.name}: {len(units)} cells", show_lines=False)
-    for col in ("cell", "host", "image", "nic", "vcpus", "memory", "disk", "clone", "tuning"):
+    m = cfg.matrix
+    net_cols = [a for a, dflt in (("cc", "default"), ("offloads", "default"), ("wan", "none"))
+                if getattr(m, a) != [dflt]]  # shown only when the lab varies or sets them
+    for col in ("cell", "host", "image", "nic", "vcpus", "memory", "disk", "clone", "tuning", *net_cols):
         table.add_column(col)
     for c in units:
         if c.kind == plan.BARE_METAL:
-            table.add_row(c.id, c.host, "the host itself (bare metal: the baseline)", "veth", "all", "", "", "", "as is")
+            table.add_row(c.id, c.host, "the host itself (bare metal: the baseline)", "veth", "all", "", "", "", "as is",
+                          *[""] * len(net_cols))
             continue
-        table.add_row(c.id + (" (A/A twin)" if c.replica != 1 else ""), c.host, c.image, c.nic.value, str(c.vcpus),
-                      f"{c.memory_mib} MiB", c.disk_bus.value, c.clone.value, c.tuning)
+        name = c.id + (" (A/A twin)" if c.replica != 1 else "") + (f" = {dups[c.id]}" if c.id in dups else "")
+        table.add_row(name, c.host, c.image, c.nic.value, str(c.vcpus), f"{c.memory_mib} MiB", c.disk_bus.value,
+                      c.clone.value, c.tuning, *[getattr(c, a) for a in net_cols])
     out.print(table)
+    for later, first in dups.items():
+        out.print(f"{later} is the same effective configuration as {first}: recorded as its duplicate, not run",
+                  markup=False)
+    for name, prof in cfg.wan.items():
+        if name in m.wan:
+            out.print(f"wan {name}: netem {' '.join(wan.netem_args(prof))} on one direction "
+                      f"(delay_ms = added round-trip time)" + (" — all zeros: same as none" if prof.is_null else ""),
+                      markup=False)
     suite = cfg.suite
     backends = {cfg.hosts[h].backend for h in {c.host for c in cells}}
     boots = len(plan.rounds(suite.repetitions, suite.repetitions_per_boot)) if suite.order == "interleaved" else 1
@@ -264,6 +278,9 @@ def _print_show(store: Store, run, everything: bool = False) -> None:
     for c in cells:
         if c.status != "done":
             out.print(f"  {c.cell_id} {c.label}: [red]{c.status}[/]" + (f" at {c.stage}: {c.error}" if c.error else ""))
+        knobs = set(c.axes) & {"cc", "offloads", "wan"} or c.axes.get("tuning", "default") != "default"
+        if knobs and (c.facts.get("tuning") or {}).get("effective") is not None:
+            out.print(f"  {c.cell_id} in effect: {_in_effect(c.facts['tuning'])}", markup=False, soft_wrap=True)
         for wl, why in (c.facts.get("skipped_workloads") or {}).items():
             out.print(f"  {c.cell_id} {short.get(c.label, c.label)}: {wl} skipped: {why}", markup=False)
     stopped = run.manifest.get("repetitions") or {}
@@ -285,6 +302,18 @@ def _print_show(store: Store, run, everything: bool = False) -> None:
                           f"{_fmt(r.low)}–{_fmt(r.high)}", "–" if r.cv is None else f"{r.cv * 100:.1f} %",
                           str(r.n), _fmt(r.cpu_busy))
         out.print(table)
+
+
+def _in_effect(t: dict) -> str:
+    """One line of what the tune stage read back: sysctls, cc, offloads, qdisc."""
+    parts = [f"cc {t['cc']['effective']}"] if (t.get("cc") or {}).get("effective") else []
+    if (t.get("offloads") or {}).get("effective"):
+        parts.append("offloads " + " ".join(f"{k}={v}" for k, v in sorted(t["offloads"]["effective"].items())))
+    w = t.get("wan") or {}
+    if w.get("netem"):
+        parts.append(f"netem ({w['where']}, {w['dev']}) " + " ".join(f"{k}={v:g}" for k, v in w["netem"].items()))
+    parts.append("sysctl " + ", ".join(f"{k}={v}" for k, v in (t.get("effective") or {}).items()))
+    return "; ".join(parts)
 
 
 @cli.command("show")

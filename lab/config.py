@@ -183,9 +183,13 @@ class MatrixSection(_Strict):
     disk_bus: list[DiskBus] = [DiskBus.VIRTIO]
     clone: list[CloneKind] = [CloneKind.LINKED]
     tuning: list[str] = ["default"]
+    cc: list[str] = ["default"]  # congestion control; "default": what the OS (or tuning profile) sets
+    offloads: list[str] = ["default"]  # "default" (as the NIC comes) or "lro=off,tso=on,gro=off"
+    wan: list[str] = ["none"]  # "none" or a [wan.NAME] profile
     exclude: list[dict[str, Any]] = []
 
-    @field_validator("host", "image", "nic", "vcpus", "memory_mib", "disk_bus", "clone", "tuning")
+    @field_validator("host", "image", "nic", "vcpus", "memory_mib", "disk_bus", "clone", "tuning", "cc",
+                     "offloads", "wan")
     @classmethod
     def _non_empty_unique(cls, v: list) -> list:
         if not v:
@@ -195,7 +199,39 @@ class MatrixSection(_Strict):
         return v
 
 
-AXES = ("host", "image", "nic", "vcpus", "memory_mib", "disk_bus", "clone", "tuning")
+AXES = ("host", "image", "nic", "vcpus", "memory_mib", "disk_bus", "clone", "tuning", "cc", "offloads", "wan")
+OFFLOAD_FEATURES = ("lro", "tso", "gro")
+
+
+def parse_offloads(spec: str) -> dict[str, bool]:
+    """Pure: "lro=off,tso=on" -> {"lro": False, "tso": True}; "default" -> {} (leave the NIC as it is).
+    Raises ValueError naming what is wrong."""
+    if spec == "default":
+        return {}
+    out: dict[str, bool] = {}
+    for part in spec.split(","):
+        feat, sep, state = part.strip().partition("=")
+        if not sep or feat not in OFFLOAD_FEATURES or state not in ("on", "off"):
+            raise ValueError(f"{part.strip()!r} is not FEATURE=on|off with FEATURE one of {', '.join(OFFLOAD_FEATURES)}")
+        if feat in out:
+            raise ValueError(f"sets {feat} twice")
+        out[feat] = state == "on"
+    return out
+
+
+class WanProfile(_Strict):
+    """[wan.NAME]: netem on one direction of the guest's link (lab.wan). delay_ms is the added
+    round-trip time (all of it on one direction), jitter_ms its +- spread, loss_pct the share of
+    packets dropped in that direction, rate_mbit a rate limit in that direction (0: none)."""
+
+    delay_ms: float = Field(default=0.0, ge=0, le=10000)
+    jitter_ms: float = Field(default=0.0, ge=0, le=10000)
+    loss_pct: float = Field(default=0.0, ge=0, le=100)
+    rate_mbit: float = Field(default=0.0, ge=0, le=100000)
+
+    @property
+    def is_null(self) -> bool:
+        return not (self.delay_ms or self.jitter_ms or self.loss_pct or self.rate_mbit)
 # Backends that can run the suite on the host itself (a bare-metal baseline cell, lab.baremetal):
 # the local one, where the host is this machine.
 BARE_METAL_BACKENDS = ("local",)
@@ -226,6 +262,7 @@ class LabConfig(_Strict):
     lab: LabSection = LabSection()
     hosts: dict[str, HostConfig] = {"local": LocalHost(backend="local")}
     matrix: MatrixSection = MatrixSection()
+    wan: dict[str, WanProfile] = {}
     suite: SuiteSection = SuiteSection()
     # Where the file was read from; relative paths in it are relative to its folder.
     source: str = Field(default="lab.toml", exclude=True)
@@ -349,6 +386,7 @@ def _check_references(cfg: LabConfig, data: dict[str, Any]) -> None:
         if prof not in known_profiles:
             raise ConfigError(src, f"matrix.tuning[{i}]", prof,
                               f"unknown tuning profile; known: {', '.join(sorted(known_profiles))}")
+    _check_network_axes(cfg)
     for i, ex in enumerate(cfg.matrix.exclude):
         for key, val in ex.items():
             if key not in AXES:
@@ -359,6 +397,7 @@ def _check_references(cfg: LabConfig, data: dict[str, Any]) -> None:
     if not plan.cells(cfg) and not cfg.suite.bare_metal:
         raise ConfigError(src, "matrix.exclude", cfg.matrix.exclude, "excludes every cell; nothing to run")
     _check_capabilities(cfg, plan.cells(cfg))
+    _check_wan_places(cfg, plan.cells(cfg))
     suite = cfg.suite
     if suite.target_ci_pct is not None and suite.max_repetitions < suite.repetitions:
         raise ConfigError(src, "suite.max_repetitions", suite.max_repetitions,
@@ -396,6 +435,54 @@ def _check_references(cfg: LabConfig, data: dict[str, Any]) -> None:
             if defaults[key] is not None and not isinstance(val, want) and not (want is float and isinstance(val, int)):
                 raise ConfigError(src, f"suite.params.{wl}.{key}", val, f"must be {want.__name__}")
     _check_workload_values(cfg, src, known)
+
+
+def _check_network_axes(cfg: LabConfig) -> None:
+    """cc, offloads and wan values: known to the lab, and (cc) possible on at least one guest OS of
+    the matrix. What one OS or NIC cannot do is found per cell (n/a at run time, with the reason)."""
+    from lab import osfacts
+
+    src, m = cfg.source, cfg.matrix
+    oses = sorted({KNOWN_IMAGES[i] for i in m.image})
+    for i, cc in enumerate(m.cc):
+        if cc == "default":
+            continue
+        if not re.fullmatch(r"[a-z0-9_]+", cc):
+            raise ConfigError(src, f"matrix.cc[{i}]", cc, "is not a congestion-control name")
+        known = sorted({a for o in oses for a in osfacts.facts(o).cc_available})
+        if cc not in known:
+            raise ConfigError(src, f"matrix.cc[{i}]", cc, f"no guest OS of the matrix ({', '.join(oses)}) has it; "
+                              f"known: default, {', '.join(known) or 'none'}")
+    for i, spec in enumerate(m.offloads):
+        try:
+            parse_offloads(spec)
+        except ValueError as exc:
+            raise ConfigError(src, f"matrix.offloads[{i}]", spec, f"{exc} (or \"default\")") from None
+    for name, prof in cfg.wan.items():
+        if not re.fullmatch(r"[A-Za-z0-9_.-]+", name) or name == "none":
+            raise ConfigError(src, f"wan.{name}", "{…}", "is not a usable profile name (letters, digits, _ . -; not \"none\")")
+        if prof.jitter_ms > prof.delay_ms:
+            raise ConfigError(src, f"wan.{name}.jitter_ms", prof.jitter_ms,
+                              f"is larger than delay_ms ({prof.delay_ms:g}): netem would be asked for negative delays")
+    for i, w in enumerate(m.wan):
+        if w != "none" and w not in cfg.wan:
+            raise ConfigError(src, f"matrix.wan[{i}]", w,
+                              f"no such [wan.{w}] profile; defined: {', '.join(['none', *sorted(cfg.wan)])}")
+
+
+def _check_wan_places(cfg: LabConfig, cells: list) -> None:
+    """A cell with WAN emulation needs somewhere to put netem (lab.wan.place): said before anything
+    is created, not found out per cell."""
+    from lab import osfacts, wan
+
+    for c in cells:
+        prof = cfg.wan.get(c.wan)
+        if prof is None or prof.is_null:
+            continue
+        where, why = wan.place(cfg.hosts[c.host].backend, osfacts.facts(KNOWN_IMAGES[c.image]))
+        if not where:
+            raise ConfigError(cfg.source, f"matrix.wan[{cfg.matrix.wan.index(c.wan)}]", c.wan,
+                              f"cannot emulate a WAN for host {c.host!r} with image {c.image!r}: {why}")
 
 
 def _check_workload_values(cfg: LabConfig, src: str, known: dict) -> None:

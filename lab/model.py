@@ -40,6 +40,7 @@ class CellStatus(enum.StrEnum):
     DONE = "done"
     FAILED = "failed"
     NA = "n/a"  # a knob cannot apply on that OS/NIC
+    DUPLICATE = "duplicate"  # same effective configuration as an earlier cell (facts: duplicate_of)
 
 
 @dataclass(frozen=True)

@@ -50,6 +50,21 @@ class OsFacts:
     nginx: NginxFacts = NginxFacts(user="www-data", conf="/etc/nginx/nginx.conf",
                                    mime_types="/etc/nginx/mime.types", pid="/run/nginx.pid",
                                    error_log="/var/log/nginx/error.log", cert_dir="/etc/nginx")
+    # Congestion control (matrix axis `cc`): what the OS ships with, what it can switch to, how to
+    # switch (loading the module it needs) and the sysctl that says what is in effect.
+    cc_default: str = ""  # "" = the OS has no selectable congestion control (cc axis n/a)
+    cc_available: tuple[str, ...] = ()
+    cc_set: str = ""  # {cc}: one of cc_available
+    cc_key: str = ""
+    # Offloads (matrix axis `offloads`): feature -> how to set it on {dev} ({on}: True/False), how to
+    # read every feature's state back (parsed by lab.tuning.parse_offloads). A feature not listed
+    # here cannot be toggled on this OS (the cell is n/a).
+    offload_set: dict[str, str] = field(default_factory=dict)
+    offload_get: str = ""
+    # WAN emulation inside the guest (lab.wan, when the lab side cannot carry netem): tc netem.
+    netem_set: str = ""  # {dev} {args}
+    netem_get: str = ""
+    netem_clear: str = ""
     serial_device: str = "/dev/ttyS0"  # the first serial port (COM1), where LAB-READY goes
     install_disk: str = "vda"  # the first virtio-blk disk as the installer names it
     shell: str = "/bin/sh"
@@ -89,12 +104,25 @@ BARE_METAL_TICKS = (
     'i=$(( w * $(nproc) - u - s )); [ "$i" -lt 0 ] && i=0; echo "cpu $u 0 $s $i 0 0 0 0"'
 )
 
+# modprobe: bbr (and any cc but the built-in cubic/reno) is a module; a failed load shows as a
+# sysctl error naming the algorithm, which apply() reports.
+_LINUX_CC = dict(cc_default="cubic", cc_available=("cubic", "reno", "bbr", "htcp", "vegas", "westwood"),
+                 cc_set="modprobe -q tcp_{cc} 2>/dev/null; sysctl -q -w net.ipv4.tcp_congestion_control={cc}",
+                 cc_key="net.ipv4.tcp_congestion_control")
+_LINUX_OFFLOADS = dict(
+    offload_set={f: f"ethtool -K {{dev}} {f} {{state}}" for f in ("lro", "tso", "gro")},
+    offload_get="ethtool -k {dev}",
+    netem_set="modprobe -q sch_netem 2>/dev/null; tc qdisc replace dev {dev} root netem {args}",
+    netem_get="tc qdisc show dev {dev}",
+    netem_clear="tc qdisc del dev {dev} root 2>/dev/null; true",
+)
+
 OSES: dict[str, OsFacts] = {
     "debian": OsFacts(
         name="debian", family="linux", nic_device=_LINUX_NIC, nic_driver=_LINUX_DRV,
         packages={"sysbench": "sysbench", "iperf3": "iperf3", "nginx": "nginx-light", "git": "git",
                   "curl": "curl", "podman": "podman"},
-        sysctl_watched=_LINUX_WATCHED,
+        sysctl_watched=_LINUX_WATCHED, **_LINUX_CC, **_LINUX_OFFLOADS,
     ),
     # Not an image: the host itself, as the bare-metal cell sees it (lab.baremetal).
     "bare-metal": OsFacts(
@@ -107,7 +135,7 @@ OSES: dict[str, OsFacts] = {
         packages={"sysbench": "sysbench", "iperf3": "iperf3", "nginx": "nginx", "git": "git",
                   "curl": "curl", "podman": "podman", "openssl": "openssl",
                   "agent": "qemu-guest-agent"},
-        sysctl_watched=_LINUX_WATCHED, sysctl_dir="debian",
+        sysctl_watched=_LINUX_WATCHED, sysctl_dir="debian", **_LINUX_CC, **_LINUX_OFFLOADS,
         nginx=NginxFacts(user="nginx", conf="/etc/nginx/nginx.conf", mime_types="/etc/nginx/mime.types",
                          pid="/run/nginx/nginx.pid", error_log="/var/log/nginx/error.log",
                          cert_dir="/etc/nginx"),
@@ -122,6 +150,12 @@ OSES: dict[str, OsFacts] = {
         nic_driver_cmd="ifconfig -l | tr ' ' '\\n' | grep -v '^lo' | head -n1 | sed 's/[0-9]*$//'",
         sysctl_set="sysctl {key}={value}",
         sysctl_watched=("kern.ipc.maxsockbuf", "net.inet.tcp.functions_default"),
+        # TCP stacks: "freebsd" is the default; bbr and rack are modules (tcp_bbr, tcp_rack).
+        cc_default="freebsd", cc_available=("freebsd", "rack", "bbr"),
+        cc_set="kldload -n tcp_{cc} 2>/dev/null; sysctl -q net.inet.tcp.functions_default={cc}",
+        cc_key="net.inet.tcp.functions_default",
+        offload_set={"lro": "ifconfig {dev} {flag}lro", "tso": "ifconfig {dev} {flag}tso"},
+        offload_get="ifconfig -m {dev}",
         nginx=NginxFacts(user="www", conf="/usr/local/etc/nginx/nginx.conf",
                          mime_types="/usr/local/etc/nginx/mime.types", pid="/var/run/nginx.pid",
                          error_log="/var/log/nginx/error.log", cert_dir="/usr/local/etc/nginx"),
@@ -137,6 +171,8 @@ OSES: dict[str, OsFacts] = {
         nic_driver_cmd="ifconfig -l | tr ' ' '\\n' | grep -v '^lo' | head -n1 | sed 's/[0-9]*$//'",
         sysctl_set="sysctl -w {key}={value}",
         sysctl_watched=("kern.sbmax", "net.inet.tcp.congctl.selected"),
+        cc_default="newreno", cc_available=("newreno", "cubic"),
+        cc_set="sysctl -q -w net.inet.tcp.congctl.selected={cc}", cc_key="net.inet.tcp.congctl.selected",
         nginx=NginxFacts(user="nginx", conf="/usr/pkg/etc/nginx/nginx.conf",
                          mime_types="/usr/pkg/etc/nginx/mime.types", pid="/var/run/nginx.pid",
                          error_log="/var/log/nginx/error.log", cert_dir="/usr/pkg/etc/nginx"),

@@ -28,6 +28,9 @@ class Cell:
     disk_bus: DiskBus
     clone: CloneKind
     tuning: str
+    cc: str = "default"
+    offloads: str = "default"
+    wan: str = "none"
     replica: int = 1  # 2: the A/A twin of the cell with the same axes ([suite] noise_floor)
 
     kind = "vm"
@@ -39,14 +42,21 @@ class Cell:
 
     @property
     def label(self) -> str:
+        # The network axes appear only when set, so labels of labs without them stay as they were.
+        net = "".join(f"/{k}={v}" for k, v in self.network_axes().items())
         return (f"{self.host}/{self.image}/{self.nic.value}/{self.vcpus}c/{self.memory_mib}m"
-                f"/{self.disk_bus.value}/{self.clone.value}/{self.tuning}") + ("" if self.replica == 1 else TWIN_SUFFIX)
+                f"/{self.disk_bus.value}/{self.clone.value}/{self.tuning}{net}") + ("" if self.replica == 1 else TWIN_SUFFIX)
+
+    def network_axes(self) -> dict[str, str]:
+        """cc, offloads and wan where they are not their default."""
+        return {k: v for k, v, d in (("cc", self.cc, "default"), ("offloads", self.offloads, "default"),
+                                     ("wan", self.wan, "none")) if v != d}
 
     def axes(self) -> dict[str, object]:
         axes: dict[str, object] = {
             "host": self.host, "image": self.image, "nic": self.nic.value, "vcpus": self.vcpus,
             "memory_mib": self.memory_mib, "disk_bus": self.disk_bus.value, "clone": self.clone.value,
-            "tuning": self.tuning,
+            "tuning": self.tuning, **self.network_axes(),
         }
         if self.replica != 1:
             axes["replica"] = self.replica
@@ -94,7 +104,7 @@ def cells(cfg: LabConfig) -> list[Cell]:
     out: list[Cell] = []
     index = 0
     for combo in itertools.product(m.host, m.image, m.nic, m.vcpus, m.memory_mib, m.disk_bus,
-                                   m.clone, m.tuning):
+                                   m.clone, m.tuning, m.cc, m.offloads, m.wan):
         index += 1
         cell = Cell(index, *combo)
         if not _excluded(cell.axes(), m.exclude):
@@ -117,6 +127,42 @@ def units(cfg: LabConfig) -> list[Unit]:
         hosts = [h for h in cfg.matrix.host if cfg.hosts[h].backend in BARE_METAL_BACKENDS]
         out += [BareMetalCell(i, h, last + 1 + i) for i, h in enumerate(hosts, start=1)]
     return out
+
+
+def static_signature(cfg: LabConfig, cell: Cell) -> tuple:
+    """Pure: what a cell's guest would be, as far as it is known before booting it: the machine,
+    the sysctls the profile sets, the congestion control in effect (the axis, else the profile's,
+    else the OS's default), the offloads asked for and the netem parameters (a profile of zeros is
+    no emulation). A cell whose knobs cannot apply keeps its own names (it is n/a, not a twin)."""
+    from lab import osfacts, tuning
+    from lab.config import KNOWN_IMAGES, parse_offloads
+
+    facts = osfacts.facts(KNOWN_IMAGES[cell.image])
+    machine = (cell.host, cell.image, cell.nic.value, cell.vcpus, cell.memory_mib, cell.disk_bus.value,
+               cell.clone.value, cell.replica)
+    sysctls = tuning.render(facts.name, cell.tuning)
+    if sysctls is None or (cell.cc != "default" and cell.cc not in facts.cc_available):
+        return machine + ("n/a", cell.tuning, cell.cc, cell.offloads, cell.wan)
+    sysctls = dict(sysctls)
+    cc = cell.cc if cell.cc != "default" else sysctls.get(facts.cc_key) or facts.cc_default
+    sysctls.pop(facts.cc_key, None)
+    wan = cfg.wan.get(cell.wan)
+    wan_key = None if wan is None or wan.is_null else tuple(sorted(wan.model_dump().items()))
+    return machine + (tuple(sorted(sysctls.items())), cc, tuple(sorted(parse_offloads(cell.offloads).items())), wan_key)
+
+
+def equivalents(cfg: LabConfig, cells_: list[Unit]) -> dict[str, str]:
+    """Cells that would run the same effective configuration as an earlier cell: {later id: earlier
+    id}. They are reported by `lab plan` and recorded as duplicates by `lab run`, not run twice."""
+    seen: dict[tuple, str] = {}
+    dup: dict[str, str] = {}
+    for c in sorted((u for u in cells_ if isinstance(u, Cell)), key=lambda u: (u.replica, u.index)):
+        sig = static_signature(cfg, c)
+        if sig in seen:
+            dup[c.id] = seen[sig]
+        else:
+            seen[sig] = c.id
+    return dup
 
 
 def store_index(unit: Unit, n_matrix: int) -> int:

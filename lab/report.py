@@ -544,7 +544,7 @@ def render(store: Store, run_id: str, vs: str | None = None, *, generated_at: fl
 
     failed = [{"side": rd.side, "run": rd.run.id, "id": c.cell_id, "cell": short.get(c.label, c.label),
                "label": c.label, "status": c.status, "stage": c.stage or "–", "error": c.error or ""}
-              for rd in sides for c in rd.cells if c.status not in ("done", "n/a")]
+              for rd in sides for c in rd.cells if c.status not in ("done", "n/a", "duplicate")]
     ctx = {
         "title": f"lab report: {sides[0].run.id}" + (f" vs {sides[1].run.id}" if len(sides) > 1 else ""),
         "runs": [_run_info(rd) for rd in sides],

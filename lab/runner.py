@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from lab import IMAGES_DIR, __version__, hostinfo, images, osfacts, plan, schedule, tuning
+from lab import IMAGES_DIR, __version__, hostinfo, images, osfacts, plan, schedule, tuning, wan
 from lab.backends import backend_class
 from lab.config import LabConfig, host_settings
 from lab.errors import LabError, TeardownError, VerificationError
@@ -103,7 +103,10 @@ def estimate_seconds(cfg: LabConfig, cells: list[plan.Unit]) -> float:
         est = getattr(wl, "estimate_seconds", None)
         per_rep += est(params) if est else float(params.get("time", params.get("duration", 10))) + 3
     total = 0.0
+    dups = plan.equivalents(cfg, cells)
     for c in cells:
+        if c.id in dups:
+            continue  # recorded as a duplicate, never booted
         total += (0 if c.kind == plan.BARE_METAL else boots * BOOT_ESTIMATE_S)
         total += (suite.repetitions + boots * suite.warmup) * per_rep
     return total
@@ -122,6 +125,9 @@ class RunContext:
     # repetition policy state per (cell id, workload): what was measured, why it stopped
     tallies: dict[tuple[str, str], schedule.Tally] = field(default_factory=dict)
     rounds: list[list[str]] = field(default_factory=list)  # interleaved: the cells of each round, in order
+    # equivalent cells: plan-time {later id: earlier id}; read-back signatures -> the first cell with it
+    duplicates: dict[str, str] = field(default_factory=dict)
+    signatures: dict[str, str] = field(default_factory=dict)
 
 
 def build_backends(cfg: LabConfig, hosts: set[str]) -> dict[str, Any]:
@@ -186,7 +192,7 @@ def run_lab(cfg: LabConfig, store: Store, reporter: Reporter | None = None, *, r
             reporter.warn(f"swept a leftover of an earlier run: {line.removeprefix('removed ')}")
     for e in swept.errors:
         reporter.warn(f"could not sweep: {e}")
-    ctx = RunContext(cfg, store, run_id, reporter, backends)
+    ctx = RunContext(cfg, store, run_id, reporter, backends, duplicates=plan.equivalents(cfg, cells))
     interleaved = cfg.suite.order == "interleaved"
     n_rounds = len(plan.rounds(cfg.suite.repetitions, cfg.suite.repetitions_per_boot)) if interleaved else 1
     reporter.run_started(run_id, ordered * n_rounds, estimate_seconds(cfg, ordered))
@@ -252,13 +258,15 @@ def _resumable(store: Store, ref: str, cells: list[plan.Cell], manifest: dict[st
                              f"{str(then.get('digest'))[:12]} then, {now['digest'][:12]} now)")
     if run.manifest.get("workloads") != manifest["workloads"]:
         raise UsageError(f"cannot resume run {run.id}: the suite's workloads or parameters changed")
-    todo = {cid for cid, c in stored.items() if c.status not in (CellStatus.DONE, CellStatus.NA)}
+    todo = {cid for cid, c in stored.items() if c.status not in (CellStatus.DONE, CellStatus.NA, CellStatus.DUPLICATE)}
     return run.id, int(run.seed or 0), todo
 
 
 def run_unit(ctx: RunContext, unit: plan.Unit, imgs: dict[str, Any], position: int, total: int, *,
              round_no: int = 1, quota: int | None = None, final: bool = True) -> str:
     """One boot of a cell (or one set-up of the bare-metal cell); its status afterwards."""
+    if unit.id in ctx.duplicates:  # known before booting: the same effective configuration as an earlier cell
+        return record_duplicate(ctx, unit, ctx.duplicates[unit.id], {}, "plan")
     if unit.kind == plan.BARE_METAL:
         return run_bare_metal(ctx, unit, position, total, round_no=round_no, quota=quota, final=final)
     return run_cell(ctx, unit, imgs[unit.image], position, total, round_no=round_no, quota=quota, final=final)
@@ -318,6 +326,7 @@ def run_cell(ctx: RunContext, cell: plan.Cell, image, position: int, total: int,
     lease_id = store.add_lease(rid, cell.id, cell.host, backend.name, vm_name, expires)
     vm: Vm | None = None
     guest: Guest | None = None
+    emulation: wan.Emulation | None = None
     status, error = CellStatus.FAILED, None
     try:
         enter("clone")
@@ -338,6 +347,19 @@ def run_cell(ctx: RunContext, cell: plan.Cell, image, position: int, total: int,
                                 "effective": applied.effective, "reason": applied.reason}
         if not applied.applicable:
             status, error = CellStatus.NA, applied.reason
+            return status
+        emulation, reason = tune_network(ctx, cell, vm, guest, facts, cell_facts)
+        if reason:
+            status, error = CellStatus.NA, reason
+            return status
+        t = cell_facts["tuning"]  # what is in effect, never the names asked for
+        sig = json.dumps([cell.host, cell.image, cell.nic.value, cell.vcpus, cell.memory_mib, cell.disk_bus.value,
+                          cell.clone.value, cell.replica, t["effective"], t["cc"]["effective"],
+                          t["offloads"]["effective"], t["wan"].get("netem")], sort_keys=True, default=str)
+        first = ctx.signatures.setdefault(sig, cell.id)
+        if first != cell.id:  # found by reading back: the guest is configured as an earlier cell was
+            status = record_duplicate(ctx, cell, first, cell_facts, "read-back", finish=False)
+            error = f"duplicate of {first} (same effective configuration, read back)"
             return status
         enter("workloads")
         labels_base = {**cell.axes(), "image_digest": image.digest, "clone": cell.clone.value,
@@ -360,9 +382,59 @@ def run_cell(ctx: RunContext, cell: plan.Cell, image, position: int, total: int,
             if status == CellStatus.FAILED and vm is not None:
                 cell_facts["console_tail"] = _console_tail(backend, vm)
             ctx.reporter.stage(cell, "teardown")
+            if emulation is not None:
+                try:
+                    emulation.remove()
+                except LabError as exc:  # the VM (and its tap) goes next anyway; say so
+                    ctx.reporter.warn(f"{cell.id}: could not remove netem: {exc}")
             if guest is not None:
                 guest.close()
             status, error = finish_cell(ctx, cell, backend, vm, lease_id, status, error, cell_facts)
+
+
+def tune_network(ctx: RunContext, cell: plan.Cell, vm: Vm, guest: Guest, facts: osfacts.OsFacts,
+                 cell_facts: dict[str, Any]) -> tuple[wan.Emulation | None, str]:
+    """The tune stage's network knobs, each read back into cell_facts["tuning"]: congestion control,
+    offloads of the cell's NIC, netem. Returns the emulation to remove after the cell and the reason
+    the cell is n/a ("" if every knob applied)."""
+    from lab.config import parse_offloads
+
+    rec = cell_facts["tuning"]
+    cc = tuning.apply_cc(guest, facts, cell.cc)
+    rec["cc"] = {"asked": cell.cc, "effective": cc.effective}
+    if not cc.applicable:
+        return None, cc.reason
+    dev = facts.device(cell.nic)
+    off = tuning.apply_offloads(guest, facts, dev, parse_offloads(cell.offloads))
+    rec["offloads"] = {"asked": cell.offloads, "effective": off.effective}
+    if not off.applicable:
+        return None, off.reason
+    profile = ctx.cfg.wan.get(cell.wan)
+    if profile is None or profile.is_null:  # "none", or a profile of zeros: nothing to emulate
+        rec["wan"] = {"asked": cell.wan, "netem": None}
+        return None, ""
+    where, why = wan.place(ctx.backends[cell.host].name, facts)
+    if not where:
+        return None, f"wan {cell.wan!r}: {why}"
+    emulation = (wan.Emulation(profile, where, dev=vm.handle["tap"], netns=vm.handle["netns"]) if where == "lab"
+                 else wan.Emulation(profile, where, guest=guest, facts=facts, dev=dev))
+    rec["wan"] = {"asked": cell.wan, "placement": why, **emulation.apply()}
+    want = {k: float(v) for k, v in profile.model_dump().items()}
+    if rec["wan"]["netem"] != want:
+        return emulation, f"wan {cell.wan!r}: asked netem {want}, in effect {rec['wan']['netem']}"
+    return emulation, ""
+
+
+def record_duplicate(ctx: RunContext, cell: plan.Unit, first: str, cell_facts: dict[str, Any], found: str,
+                     *, finish: bool = True) -> str:
+    """A cell whose effective configuration is an earlier cell's: recorded, pointing at it, not measured."""
+    cell_facts.update({"duplicate_of": first, "duplicate_found": found})
+    if finish:
+        error = f"duplicate of {first} (same effective configuration, {'known at plan time' if found == 'plan' else found})"
+        ctx.store.cell_update(ctx.run_id, cell.id, status=CellStatus.DUPLICATE, error=error, facts=cell_facts,
+                              finished=True)
+        ctx.reporter.cell_finished(cell, CellStatus.DUPLICATE, error)
+    return CellStatus.DUPLICATE
 
 
 def finish_cell(ctx: RunContext, cell: plan.Unit, backend, vm: Vm | None, lease_id: int, status: str,

@@ -38,7 +38,7 @@ MIGRATIONS: list[str] = [
         idx INTEGER NOT NULL,
         label TEXT NOT NULL,
         axes TEXT NOT NULL,              -- JSON
-        status TEXT NOT NULL,            -- pending | running | done | failed | n/a
+        status TEXT NOT NULL,            -- pending | running | done | failed | n/a | duplicate
         stage TEXT,                      -- the stage reached (the failed one, if failed)
         error TEXT,
         started_at REAL,

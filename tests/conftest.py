@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -68,6 +69,24 @@ def write_lab(tmp_path: Path, workdir: Path, *, matrix: str = "", suite: str = "
 def run_lab_cli(*args: str, cwd: Path | None = None, timeout: float = 1800, env: dict | None = None):
     return subprocess.run([*LAB, *args], capture_output=True, text=True, timeout=timeout, cwd=cwd,
                           env={**os.environ, **(env or {})})
+
+
+@contextlib.contextmanager
+def local_run(workdir: Path):
+    """A run of the local backend without the runner: (backend, run id, client); the VM the test
+    made is destroyed (put it in the yielded dict as "vm"), then the run's namespace."""
+    from lab.backends import local
+
+    backend = local.LocalBackend("local", {"workdir": str(workdir), "accel": "auto"})
+    backend.check()
+    run_id = os.urandom(4).hex()
+    made: dict = {"backend": backend, "run_id": run_id, "client": backend.open_run(run_id), "vm": None}
+    try:
+        yield made
+    finally:
+        if made["vm"] is not None:
+            backend.destroy(made["vm"])
+        backend.close_run(run_id)
 
 
 def leftovers(workdir: Path, run_id: str | None = None) -> list[str]:

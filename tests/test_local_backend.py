@@ -7,7 +7,6 @@ mid-run tears everything down by itself.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -26,7 +25,7 @@ from lab.runner import verify
 from lab.store import Store
 from lab.wait import wait_until
 
-from conftest import LAB, leftovers, run_lab_cli, write_lab
+from conftest import LAB, leftovers, local_run, run_lab_cli, write_lab
 
 pytestmark = [pytest.mark.vm, pytest.mark.image]
 
@@ -51,14 +50,10 @@ def test_qemu_argv_carries_cell_choices(golden, tmp_path):
 @pytest.mark.xdist_group("boot")
 @pytest.mark.parametrize("nic,clone", [(NicModel.VIRTIO, CloneKind.LINKED), (NicModel.E1000, CloneKind.FULL)])
 def test_boot_verify_run_destroy(golden, workdir, nic, clone):
-    backend = local.LocalBackend("local", {"workdir": str(workdir), "accel": "auto"})
-    backend.check()
-    run_id = os.urandom(4).hex()
-    client = backend.open_run(run_id)
-    vm = None
-    try:
+    with local_run(workdir) as made:
+        backend, run_id, client = made["backend"], made["run_id"], made["client"]
         spec = make_spec(golden, run_id, nic, clone=clone)
-        vm = backend.clone(golden, spec)
+        vm = made["vm"] = backend.clone(golden, spec)
         disk = Path(vm.handle["dir"]) / "disk.qcow2"
         info = json.loads(proc.run(["qemu-img", "info", "--output=json", str(disk)]).stdout)
         assert ("backing-filename" in info) == (clone is CloneKind.LINKED)
@@ -81,11 +76,7 @@ def test_boot_verify_run_destroy(golden, workdir, nic, clone):
         backend.destroy(vm)
         assert time.monotonic() - t0 < 5
         assert not Path(f"/proc/{pid}").exists() or local._zombie(pid)
-        vm = None
-    finally:
-        if vm is not None:
-            backend.destroy(vm)
-        backend.close_run(run_id)
+        made["vm"] = None
     assert leftovers(workdir, run_id) == []
 
 
