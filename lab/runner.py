@@ -563,8 +563,7 @@ def reparse(store: Store, run_id: str) -> int:
     old = {}
     for s in store.samples(run_id):
         old.setdefault((s.cell_id, s.workload, s.repetition), s.labels)
-    store.delete_samples(run_id)
-    count = 0
+    rows, count = [], 0
     for raw_id, cell_id, rep, raw in store.raw_outputs(run_id):
         if rep < 0 or raw.workload not in workloads:
             continue
@@ -574,8 +573,9 @@ def reparse(store: Store, run_id: str) -> int:
         samples = workloads[raw.workload].parse(raw)
         stamped = [type(s)(s.metric, s.value, s.unit, s.higher_is_better, {**base, **s.labels, "repetition": rep})
                    for s in samples]
-        store.add_samples(run_id, cell_id, raw_id, raw.workload, rep, stamped)
+        rows.append((cell_id, raw_id, raw.workload, rep, stamped))
         count += len(stamped)
+    store.replace_samples(run_id, rows)  # parsed first, swapped in one transaction
     return count
 
 
