@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from lab import runlock
 from lab.config import LabConfig
 from lab.errors import LabError
 from lab.store import Store
@@ -70,9 +71,36 @@ def collect(cfg: LabConfig, *, dry_run: bool = False, hosts: list[str] | None = 
                     removed_vms.append(item.name)
             except LabError as exc:
                 report.errors.append(f"{host} {item.kind} {item.name}: {exc}")
-    if removed_vms and cfg.results_dir.joinpath(Store.FILENAME).exists():
-        store = Store(cfg.results_dir)
-        for name in removed_vms:
-            store.release_leases_named(name)
-        store.close()
+    if cfg.results_dir.joinpath(Store.FILENAME).exists() and not dry_run:
+        try:
+            store = Store(cfg.results_dir)
+            try:
+                for name in removed_vms:
+                    store.release_leases_named(name)
+                for run_id in mark_dead_runs(store):
+                    report.lines.append(f"marked run {run_id} failed (its process is gone)")
+            finally:
+                store.close()
+        except LabError as exc:  # e.g. the results disk is still full: what was removed stays removed
+            report.errors.append(f"results store: {exc}")
     return report
+
+
+def mark_dead_runs(store: Store) -> list[str]:
+    """Runs the store says are running whose `lab run` no longer holds the run's lock (killed
+    with -9, or it died unable to write its outcome): failed, and so are their unfinished cells,
+    with one line saying so. The runs are read before their locks: a run is in the store only
+    once its lock is held, so a run starting meanwhile is never taken for dead."""
+    from lab.runner import run_lock_path
+
+    dead = []
+    for run in store.runs():
+        if run.status != "running" or runlock.held(run_lock_path(store, run.id)):
+            continue
+        why = f"the lab process ended without finishing (killed?); `lab run --resume {run.id}` continues it"
+        for cell in store.cells(run.id):
+            if cell.status == "running":
+                store.cell_update(run.id, cell.cell_id, status="failed", error=f"{cell.stage}: {why}")
+        store.finish_run(run.id, "failed", why)
+        dead.append(run.id)
+    return dead

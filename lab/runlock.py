@@ -13,6 +13,10 @@ from typing import IO
 from lab.errors import LabError
 from lab.wait import wait_until
 
+# Run locks of remote backends (libvirt, Proxmox) live on the orchestrating machine, like the
+# local backend's workdir: only this machine can tell whether its own runs are alive.
+RUN_LOCK_DIR = Path("/var/tmp/lab")
+
 
 class RunLock:
     def __init__(self, path: Path):

@@ -38,6 +38,7 @@ from lab.config import LabConfig, host_settings
 from lab.errors import LabError, TeardownError, VerificationError
 from lab.guest import Guest
 from lab.model import CellStatus, RawOutput, Vm, VmSpec
+from lab.runlock import RunLock
 from lab.store import Store
 from lab.workloads import WorkloadContext, load_all
 
@@ -163,6 +164,24 @@ def run_lab(cfg: LabConfig, store: Store, reporter: Reporter | None = None, *, r
     else:
         run_id = run_id or new_run_id()
         seed = cfg.suite.seed if cfg.suite.seed is not None else random.SystemRandom().randrange(2**31)
+    # Held for the run's whole life (released after its status is final): `lab gc` tells a run
+    # killed with -9 (still "running" in the store) from a live one, and marks it failed.
+    run_lock = RunLock(run_lock_path(store, run_id))
+    run_lock.acquire(what=f"the lock of run {run_id} in {store.dir} (is another `lab run` on it?)")
+    try:
+        return _run_locked(cfg, store, reporter, run_id, seed, cells, imgs, backends, manifest, config_text,
+                           todo if resume else None)
+    finally:
+        run_lock.release()
+
+
+def run_lock_path(store: Store, run_id: str) -> Path:
+    return store.dir / f"run-{run_id}.lock"
+
+
+def _run_locked(cfg: LabConfig, store: Store, reporter: Reporter, run_id: str, seed: int, cells, imgs, backends,
+                manifest: dict[str, Any], config_text: str, todo: set[str] | None) -> str:
+    resume = todo is not None
     ordered = plan.order(cells, cfg.suite.order, seed)
     manifest["order"] = [c.id for c in ordered]
     manifest["schedule"] = schedule.describe(cfg.suite, seed)

@@ -108,7 +108,7 @@ from lab.backends import register
 from lab.errors import (AuthError, BackendError, CommandError, LabError, SettingError, TeardownError,
                         UnreachableError, UsageError)
 from lab.model import CloneKind, DiskBus, ImageRef, NicModel, Owned, Vm, VmSpec
-from lab.runlock import RunLock
+from lab.runlock import RUN_LOCK_DIR, RunLock
 from lab.wait import wait_until
 
 LEASE_NS = "https://lab.invalid/lease"
@@ -118,7 +118,6 @@ DEFAULT_QEMU_DIR = "/var/lib/libvirt/images/lab"
 DEFAULT_CMDLINE = "console=ttyS0 root=LABEL=labroot rw net.ifnames=0"
 TEMPLATE_DIR = lab.TEMPLATES_DIR / "libvirt"
 FAILED_MARK = "LAB-FAILED"
-RUN_LOCK_DIR = Path("/var/tmp/lab")  # on the orchestrating machine, as the local backend's workdir
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 _SSH_OPTS = ["-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "-o", "ServerAliveInterval=10"]
 
