@@ -38,6 +38,17 @@ def collect(cfg: LabConfig, *, dry_run: bool = False, hosts: list[str] | None = 
     names = set(hosts or cfg.hosts)
     backends = backends if backends is not None else build_backends(cfg, names)
     removed_vms: list[str] = []
+    # Runs of this results store: one whose lock here is not held is over (finished, or killed),
+    # whatever machine-local lock its backend keeps (or no longer keeps: a finished run drops it).
+    db = cfg.results_dir / Store.FILENAME
+    ours: set[str] = set()
+    if db.exists():
+        try:
+            store = Store(cfg.results_dir)
+            ours = {r.id for r in store.runs()}
+            store.close()
+        except LabError as exc:
+            report.errors.append(f"results store: {exc}")
     for host, backend in sorted(backends.items()):
         try:
             items = backend.list_owned()
@@ -49,6 +60,10 @@ def collect(cfg: LabConfig, *, dry_run: bool = False, hosts: list[str] | None = 
             expired = bool(item.expires_at) and item.expires_at < now
             # True/False when this machine knows (its run lock), None when it cannot tell
             state = (live(item.run_id) if item.run_id else False) if live is not None else None
+            if state is None and item.run_id in ours:
+                from lab.runner import run_lock_path
+
+                state = bool(runlock.held(run_lock_path(cfg.results_dir, item.run_id)))
             if state is not None:
                 keep = state and not force
                 why = f"run {item.run_id} is live"
@@ -95,7 +110,7 @@ def mark_dead_runs(store: Store) -> list[str]:
 
     dead = []
     for run in store.runs():
-        if run.status != "running" or runlock.held(run_lock_path(store, run.id)):
+        if run.status != "running" or runlock.held(run_lock_path(store.dir, run.id)):
             continue
         why = f"the lab process ended without finishing (killed?); `lab run --resume {run.id}` continues it"
         for cell in store.cells(run.id):

@@ -166,7 +166,7 @@ def run_lab(cfg: LabConfig, store: Store, reporter: Reporter | None = None, *, r
         seed = cfg.suite.seed if cfg.suite.seed is not None else random.SystemRandom().randrange(2**31)
     # Held for the run's whole life (released after its status is final): `lab gc` tells a run
     # killed with -9 (still "running" in the store) from a live one, and marks it failed.
-    run_lock = RunLock(run_lock_path(store, run_id))
+    run_lock = RunLock(run_lock_path(store.dir, run_id))
     run_lock.acquire(what=f"the lock of run {run_id} in {store.dir} (is another `lab run` on it?)")
     try:
         return _run_locked(cfg, store, reporter, run_id, seed, cells, imgs, backends, manifest, config_text,
@@ -175,8 +175,9 @@ def run_lab(cfg: LabConfig, store: Store, reporter: Reporter | None = None, *, r
         run_lock.release()
 
 
-def run_lock_path(store: Store, run_id: str) -> Path:
-    return store.dir / f"run-{run_id}.lock"
+def run_lock_path(results_dir: Path, run_id: str) -> Path:
+    """Held by `lab run` while it runs `run_id`, beside the results store it writes."""
+    return Path(results_dir) / f"run-{run_id}.lock"
 
 
 def _run_locked(cfg: LabConfig, store: Store, reporter: Reporter, run_id: str, seed: int, cells, imgs, backends,
