@@ -27,7 +27,7 @@ from lab.store import Store
 
 # Tables are wide; a pipe or CI log gets a fixed width rather than 80 columns of wrapping.
 out = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
-err = Console(stderr=True, highlight=False)
+err = Console(stderr=True, highlight=False, soft_wrap=True)  # a message is one line, never wrapped
 
 
 def _fmt(v: float | None) -> str:

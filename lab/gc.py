@@ -112,7 +112,8 @@ def mark_dead_runs(store: Store) -> list[str]:
     for run in store.runs():
         if run.status != "running" or runlock.held(run_lock_path(store.dir, run.id)):
             continue
-        why = f"the lab process ended without finishing (killed?); `lab run --resume {run.id}` continues it"
+        why = (f"the lab process ended without recording an outcome (killed, or its store could not be written); "
+               f"`lab run --resume {run.id}` continues it")
         for cell in store.cells(run.id):
             if cell.status == "running":
                 store.cell_update(run.id, cell.cell_id, status="failed", error=f"{cell.stage}: {why}")

@@ -425,7 +425,8 @@ def run_guest_load(ctx, workload: str, load: str, timeout: float, prefix: str = 
     res = ctx.guest.run(prefix + guest_script(load, ticks_cmd), timeout=timeout, check=False)
     before, out, after, rc = split_guest_output(res.stdout, workload)
     if rc is None:
-        tail = " | ".join((res.stderr or "").strip().splitlines()[-3:]) or "no error output"
+        tail = " | ".join((res.stderr or "").strip().splitlines()[-3:]) or (
+            "the SSH connection to the guest was lost" if res.returncode == 255 else "no error output")
         raise LabError(f"{workload}: the load in the guest ended before its closing CPU snapshot "
                        f"(ssh exit {res.returncode}: {tail})")
     return GuestLoad(before, out, after, rc, res.stderr or "", started, res.seconds)
