@@ -91,11 +91,14 @@ class Config:
     seconds: int = 2
 
 
-FAST = ["kill-orchestrator-boot", "kill-orchestrator-workload", "guest-killed", "results-disk-full",
-        "pve-task-fails", "pve-template-locked", "pve-lock-on-teardown", "libvirt-refuses-start"]
+# short (in `make test`): one boot per VM fault, a 1 s workload; long adds the slower SSH faults,
+# a kill followed by a resume, and the template lock
+SHORT = ["kill-orchestrator-boot", "kill-orchestrator-workload", "guest-killed", "results-disk-full",
+         "pve-task-fails", "pve-lock-on-teardown", "libvirt-refuses-start"]
 CONFIGS = {
-    "short": Config("short", FAST, reps=3, seconds=1),
-    "long": Config("long", FAST + ["ssh-cut", "sshd-killed", "kill-then-resume"], reps=4, seconds=3),
+    "short": Config("short", SHORT, reps=3, seconds=1),
+    "long": Config("long", SHORT[:4] + ["ssh-cut", "sshd-killed", "kill-then-resume"] + SHORT[4:5]
+                   + ["pve-template-locked"] + SHORT[5:], reps=4, seconds=3),
 }
 
 
@@ -480,7 +483,7 @@ def pve_lock_on_teardown(sc: Scenario, row: Row) -> None:
 
 # -- libvirt ---------------------------------------------------------------------------------------
 
-def libvirtd_running() -> list[subprocess.Popen]:
+def libvirtd_running(row: Row) -> list[subprocess.Popen]:
     """Start libvirtd (and virtlogd) if qemu:///system does not answer; the ones started."""
     ok = lambda: proc.run(["virsh", "-c", URI, "version"], check=False, timeout=20).ok  # noqa: E731
     if ok():
@@ -495,7 +498,9 @@ def libvirtd_running() -> list[subprocess.Popen]:
 
 
 def libvirt_refuses_start(sc: Scenario, row: Row) -> None:
-    daemons = libvirtd_running()
+    t0 = time.monotonic()
+    daemons = libvirtd_running(row)
+    row.notes.append(f"libvirtd ready in {time.monotonic() - t0:.0f} s")
     n = 100 + secrets.randbelow(100)
     bridge = f"labcbr{secrets.token_hex(3)}"
     proc.run(["ip", "link", "add", "name", bridge, "type", "bridge"])
@@ -517,7 +522,9 @@ def libvirt_refuses_start(sc: Scenario, row: Row) -> None:
             bios = "{sc.dir / 'missing-firmware.rom'}"
             boot_timeout = 60
             """, matrix='host = ["kvm"]\nnic = ["virtio"]')
+        t0 = time.monotonic()
         res = sc.lab("run", timeout=300)
+        row.notes.append(f"lab run took {time.monotonic() - t0:.0f} s")
         row.injected = True
         row.exit_status = res.returncode
         (sc.dir / "run.stderr").write_text(res.stderr)
