@@ -287,29 +287,33 @@ def qemu_pid(sc: Scenario, vm: str) -> int | None:
 
 # -- local faults ---------------------------------------------------------------------------------
 
-def kill_orchestrator(sc: Scenario, row: Row, moment: str) -> str | None:
-    sc.write()
+def kill_when(sc: Scenario, row: Row, what: str, pred) -> tuple[set[tuple], str]:
+    """Start `lab run`, SIGKILL it (it alone: its QEMUs live on) once `pred()`; the samples stored
+    at that moment and the run id."""
     p = sc.start()
     before: set[tuple] = set()
     try:
-        if moment == "boot":  # QEMU is up, the guest not yet ready
-            wait_for("the guest to start booting",
-                     lambda: cell_state(sc.results, "c01")[1] == "boot" and qemu_pid(sc, f"lab-{run_id_of(sc.results)}-c01"),
-                     p)
-        else:
-            wait_for("a stored repetition", lambda: cell_state(sc.results, "c01")[2] >= 1, p)
+        wait_for(what, pred, p)
         before = samples(sc.results)
         p.send_signal(signal.SIGKILL)
         row.injected = True
     finally:
         row.exit_status = finish(p)
-    rid = run_id_of(sc.results)
+    return before, run_id_of(sc.results)
+
+
+def kill_orchestrator(sc: Scenario, row: Row, moment: str) -> None:
+    sc.write()
+    if moment == "boot":  # QEMU is up, the guest not yet ready
+        before, rid = kill_when(sc, row, "the guest to start booting", lambda: cell_state(sc.results, "c01")[1] == "boot"
+                                and qemu_pid(sc, f"lab-{run_id_of(sc.results)}-c01"))
+    else:
+        before, rid = kill_when(sc, row, "a stored repetition", lambda: cell_state(sc.results, "c01")[2] >= 1)
     gc_and_count(sc, row, before, {rid})
     ok, row.message = killed_run_reads_failed(sc.results, rid)
     row.clear = ok and not any("traceback" in n for n in row.notes)
     if moment == "workload" and not before:
         row.notes.append("no sample stored before the kill")
-    return rid
 
 
 def mid_workload(sc: Scenario, row: Row, inject, *, reps: int | None = None) -> None:
@@ -386,15 +390,7 @@ def disk_full(sc: Scenario, row: Row) -> None:
 
 def kill_then_resume(sc: Scenario, row: Row) -> None:
     sc.write(matrix='nic = ["virtio", "e1000"]')
-    p = sc.start()
-    try:
-        wait_for("c02 to store a repetition", lambda: cell_state(sc.results, "c02")[2] >= 1, p)
-        before = samples(sc.results)
-        p.send_signal(signal.SIGKILL)
-        row.injected = True
-    finally:
-        finish(p)
-    rid = run_id_of(sc.results)
+    before, rid = kill_when(sc, row, "c02 to store a repetition", lambda: cell_state(sc.results, "c02")[2] >= 1)
     gc_and_count(sc, row, before, {rid})
     done_before = {s for s in before if s[1] == "c01"}
     res = sc.lab("run", "--resume", rid, timeout=1200)

@@ -75,12 +75,12 @@ from pathlib import Path
 from typing import Any, Callable
 from urllib.parse import quote, urlsplit
 
-from lab import proc, runlock
+from lab import proc
 from lab.backends import register
 from lab.errors import (AuthError, BackendError, ConfigError, LabError, TeardownError, TimeoutError_,
                         UnreachableError, UsageError)
 from lab.model import CloneKind, ImageRef, NicModel, Owned, Vm, VmSpec
-from lab.runlock import RUN_LOCK_DIR, RunLock
+from lab.runlock import RUN_LOCK_DIR, RunLocks
 from lab.wait import wait_until
 
 log = logging.getLogger(__name__)
@@ -203,7 +203,7 @@ class ProxmoxBackend:
         self._templates: dict[tuple[str, str], tuple[int, str]] = {}  # (name, node) -> (vmid, its node)
         self._taken: set[str] = set()  # addresses of our VMs
         self._placed: dict[str, int] = {}  # VMs placed per node (placement "spread")
-        self._run_locks: dict[str, RunLock] = {}
+        self._run_locks = RunLocks(self._run_lock_path)
 
     def _secret(self, s: dict, key: str) -> str | None:
         """The value itself, or a config reference ("env:NAME", "file:/path") resolved now."""
@@ -386,20 +386,14 @@ class ProxmoxBackend:
     def open_run(self, run_id: str) -> _Client:
         # Held for the run's life on this machine: `lab gc` here removes the VMs of a run killed
         # with -9 at once instead of waiting for their leases to expire.
-        lock = RunLock(self._run_lock_path(run_id))
-        lock.acquire(what=f"the lock of run {run_id} on host {self.host!r}")
-        self._run_locks[run_id] = lock
+        self._run_locks.acquire(run_id, what=f"the lock of run {run_id} on host {self.host!r}")
         return _Client(self.client_address, self.client_netns)
 
     def close_run(self, run_id: str) -> None:
-        lock = self._run_locks.pop(run_id, None)
-        if lock is not None:
-            lock.release()
+        self._run_locks.release(run_id)
 
     def run_is_live(self, run_id: str) -> bool | None:
-        """True/False for runs orchestrated from this machine (their lock here is held or not);
-        None for runs of other machines, which only their lease expiry retires."""
-        return runlock.held(self._run_lock_path(run_id))
+        return self._run_locks.live(run_id)
 
     def facts(self) -> dict[str, object]:
         if not self._release:
