@@ -16,7 +16,7 @@ APT_PACKAGES := qemu-system-x86 qemu-utils mmdebstrap packer e2fsprogs iproute2 
 	nginx-light chromium \
 	dnsmasq-base udhcpc
 
-.PHONY: setup apt venv images run test test-fast bench lint clean gc doctor
+.PHONY: setup apt venv images run test test-fast bench chaos lint clean gc doctor
 
 setup: apt venv
 
@@ -55,6 +55,11 @@ test-fast: setup
 
 bench: images
 	$(VENV)/bin/python -m lab.bench
+
+# Fault injection (tests/chaos.py, long configuration): kills, a full results disk, PVE emulator
+# and libvirt failures; prints a table and totals, exits non-zero on any leak or lost sample.
+chaos: images
+	$(VENV)/bin/python tests/chaos.py --config long
 
 gc: setup
 	$(LAB) gc

@@ -10,6 +10,7 @@ import csv
 import io
 import json
 import os
+import re
 import shutil
 import signal
 import sys
@@ -27,7 +28,7 @@ from lab.store import Store
 
 # Tables are wide; a pipe or CI log gets a fixed width rather than 80 columns of wrapping.
 out = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
-err = Console(stderr=True, highlight=False)
+err = Console(stderr=True, highlight=False, soft_wrap=True)  # a message is one line, never wrapped
 
 
 def _fmt(v: float | None) -> str:
@@ -121,6 +122,8 @@ class PlainReporter:
 
 
 # -- common options ------------------------------------------------------------------------------
+
+RUN_ID = re.compile(r"[a-z0-9][a-z0-9-]{0,15}")
 
 config_option = click.option("-c", "--config", "config_path", default="lab.toml", show_default=True,
                              type=click.Path(dir_okay=False), help="the lab description")
@@ -217,6 +220,15 @@ def run_cmd(config_path, run_id, resume):
     """Clone -> boot -> verify -> tune -> workloads -> destroy, cell by cell. Results are saved."""
     cfg = config.load(config_path)
     text = Path(config_path).read_text()
+    if run_id is not None and not RUN_ID.fullmatch(run_id):
+        # it names namespaces, VMs, lock files: letters, digits and '-' only, short
+        raise UsageError(f"--run-id {run_id!r}: use 1-16 lower-case letters, digits or '-' (not first)")
+    if run_id is not None and resume:
+        raise UsageError("--run-id and --resume exclude each other: a resumed run keeps its id")
+    if run_id is not None and (cfg.results_dir / Store.FILENAME).exists() and \
+            any(r.id == run_id for r in Store(cfg.results_dir).runs()):
+        raise UsageError(f"--run-id {run_id!r}: {cfg.results_dir} already has a run of that id "
+                         f"(`lab run --resume {run_id}` continues it)")
     prepared = runner.prepare(cfg)  # every check that can fail before anything is created
     if resume and not (cfg.results_dir / Store.FILENAME).exists():
         raise UsageError(f"cannot resume {resume!r}: no runs in {cfg.results_dir}")
@@ -660,7 +672,10 @@ def main(argv: list[str] | None = None) -> None:
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
     except click.ClickException as exc:
-        exc.show()
+        # One line like every other error (click's own shows usage and a hint over three).
+        ctx = getattr(exc, "ctx", None)
+        where = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
+        err.print(f"lab: error: {exc.format_message()}{where}", markup=False)
         sys.exit(2)
     except click.exceptions.Abort:
         err.print("lab: aborted")

@@ -331,8 +331,13 @@ def parse(data: dict[str, Any], source: str = "lab.toml") -> LabConfig:
         # Pydantic reports the union tag inside the path for hosts.<name>; show the user's key.
         user_loc = tuple(p for i, p in enumerate(loc)
                          if not (i == 2 and loc[0] == "hosts" and p in ("local", "proxmox", "libvirt")))
+        is_key = bool(user_loc) and user_loc[-1] == "[key]"  # a dict key outside its choices
+        if is_key:
+            user_loc = user_loc[:-1]
         value = _dig(data, user_loc) if err["type"] != "missing" else None
         msg = err["msg"].removeprefix("Value error, ")
+        if is_key:
+            msg = "unknown key; " + msg[:1].lower() + msg[1:]
         if err["type"] == "extra_forbidden":
             msg = "unknown key"
         elif err["type"] == "union_tag_invalid":
@@ -416,6 +421,8 @@ def _check_references(cfg: LabConfig, data: dict[str, Any]) -> None:
     from lab.workloads import load_all
 
     known = load_all()
+    if not cfg.suite.workloads:
+        raise ConfigError(src, "suite.workloads", [], f"must list at least one workload; known: {', '.join(sorted(known))}")
     for i, wl in enumerate(cfg.suite.workloads):
         if wl not in known:
             raise ConfigError(src, f"suite.workloads[{i}]", wl,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from lab import runlock
 from lab.config import LabConfig
 from lab.errors import LabError
 from lab.store import Store
@@ -37,6 +38,17 @@ def collect(cfg: LabConfig, *, dry_run: bool = False, hosts: list[str] | None = 
     names = set(hosts or cfg.hosts)
     backends = backends if backends is not None else build_backends(cfg, names)
     removed_vms: list[str] = []
+    # Runs of this results store: one whose lock here is not held is over (finished, or killed),
+    # whatever machine-local lock its backend keeps (or no longer keeps: a finished run drops it).
+    db = cfg.results_dir / Store.FILENAME
+    ours: set[str] = set()
+    if db.exists():
+        try:
+            store = Store(cfg.results_dir)
+            ours = {r.id for r in store.runs()}
+            store.close()
+        except LabError as exc:
+            report.errors.append(f"results store: {exc}")
     for host, backend in sorted(backends.items()):
         try:
             items = backend.list_owned()
@@ -48,6 +60,10 @@ def collect(cfg: LabConfig, *, dry_run: bool = False, hosts: list[str] | None = 
             expired = bool(item.expires_at) and item.expires_at < now
             # True/False when this machine knows (its run lock), None when it cannot tell
             state = (live(item.run_id) if item.run_id else False) if live is not None else None
+            if state is None and item.run_id in ours:
+                from lab.runner import run_lock_path
+
+                state = bool(runlock.held(run_lock_path(cfg.results_dir, item.run_id)))
             if state is not None:
                 keep = state and not force
                 why = f"run {item.run_id} is live"
@@ -70,9 +86,37 @@ def collect(cfg: LabConfig, *, dry_run: bool = False, hosts: list[str] | None = 
                     removed_vms.append(item.name)
             except LabError as exc:
                 report.errors.append(f"{host} {item.kind} {item.name}: {exc}")
-    if removed_vms and cfg.results_dir.joinpath(Store.FILENAME).exists():
-        store = Store(cfg.results_dir)
-        for name in removed_vms:
-            store.release_leases_named(name)
-        store.close()
+    if cfg.results_dir.joinpath(Store.FILENAME).exists() and not dry_run:
+        try:
+            store = Store(cfg.results_dir)
+            try:
+                for name in removed_vms:
+                    store.release_leases_named(name)
+                for run_id in mark_dead_runs(store):
+                    report.lines.append(f"marked run {run_id} failed (its process is gone)")
+            finally:
+                store.close()
+        except LabError as exc:  # e.g. the results disk is still full: what was removed stays removed
+            report.errors.append(f"results store: {exc}")
     return report
+
+
+def mark_dead_runs(store: Store) -> list[str]:
+    """Runs the store says are running whose `lab run` no longer holds the run's lock (killed
+    with -9, or it died unable to write its outcome): failed, and so are their unfinished cells,
+    with one line saying so. The runs are read before their locks: a run is in the store only
+    once its lock is held, so a run starting meanwhile is never taken for dead."""
+    from lab.runner import run_lock_path
+
+    dead = []
+    for run in store.runs():
+        if run.status != "running" or runlock.held(run_lock_path(store.dir, run.id)):
+            continue
+        why = (f"the lab process ended without recording an outcome (killed, or its store could not be written); "
+               f"`lab run --resume {run.id}` continues it")
+        for cell in store.cells(run.id):
+            if cell.status == "running":
+                store.cell_update(run.id, cell.cell_id, status="failed", error=f"{cell.stage}: {why}")
+        store.finish_run(run.id, "failed", why)
+        dead.append(run.id)
+    return dead

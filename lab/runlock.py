@@ -8,10 +8,14 @@ from __future__ import annotations
 import fcntl
 import os
 from pathlib import Path
-from typing import IO
+from typing import IO, Callable
 
 from lab.errors import LabError
 from lab.wait import wait_until
+
+# Run locks of remote backends (libvirt, Proxmox) live on the orchestrating machine, like the
+# local backend's workdir: only this machine can tell whether its own runs are alive.
+RUN_LOCK_DIR = Path("/var/tmp/lab")
 
 
 class RunLock:
@@ -61,3 +65,28 @@ def held(path: Path) -> bool | None:
             return True
         fcntl.flock(fh, fcntl.LOCK_UN)
     return False
+
+
+class RunLocks:
+    """The run locks a backend whose VMs live elsewhere (libvirt, Proxmox) keeps on this machine,
+    one per run, held for the run's life: `lab gc` here tells a live run from one killed with -9.
+    `path_of(run_id)` names the lock file."""
+
+    def __init__(self, path_of: Callable[[str], Path]):
+        self.path_of = path_of
+        self._held: dict[str, RunLock] = {}
+
+    def acquire(self, run_id: str, what: str) -> None:
+        lock = RunLock(self.path_of(run_id))
+        lock.acquire(what=what)
+        self._held[run_id] = lock
+
+    def release(self, run_id: str) -> None:
+        lock = self._held.pop(run_id, None)
+        if lock is not None:
+            lock.release()
+
+    def live(self, run_id: str) -> bool | None:
+        """True/False for runs orchestrated from this machine (their lock here is held or not);
+        None for runs of other machines, which only their lease expiry retires."""
+        return held(self.path_of(run_id))

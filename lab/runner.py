@@ -38,6 +38,7 @@ from lab.config import LabConfig, host_settings
 from lab.errors import LabError, TeardownError, VerificationError
 from lab.guest import Guest
 from lab.model import CellStatus, RawOutput, Vm, VmSpec
+from lab.runlock import RunLock
 from lab.store import Store
 from lab.workloads import WorkloadContext, load_all
 
@@ -169,6 +170,25 @@ def run_lab(cfg: LabConfig, store: Store, reporter: Reporter | None = None, *, r
     else:
         run_id = run_id or new_run_id()
         seed = cfg.suite.seed if cfg.suite.seed is not None else random.SystemRandom().randrange(2**31)
+    # Held for the run's whole life (released after its status is final): `lab gc` tells a run
+    # killed with -9 (still "running" in the store) from a live one, and marks it failed.
+    run_lock = RunLock(run_lock_path(store.dir, run_id))
+    run_lock.acquire(what=f"the lock of run {run_id} in {store.dir} (is another `lab run` on it?)")
+    try:
+        return _run_locked(cfg, store, reporter, run_id, seed, cells, imgs, backends, manifest, config_text,
+                           todo if resume else None)
+    finally:
+        run_lock.release()
+
+
+def run_lock_path(results_dir: Path, run_id: str) -> Path:
+    """Held by `lab run` while it runs `run_id`, beside the results store it writes."""
+    return Path(results_dir) / f"run-{run_id}.lock"
+
+
+def _run_locked(cfg: LabConfig, store: Store, reporter: Reporter, run_id: str, seed: int, cells, imgs, backends,
+                manifest: dict[str, Any], config_text: str, todo: set[str] | None) -> str:
+    resume = todo is not None
     ordered = plan.order(cells, cfg.suite.order, seed)
     manifest["order"] = [c.id for c in ordered]
     manifest["schedule"] = schedule.describe(cfg.suite, seed)
@@ -635,8 +655,7 @@ def reparse(store: Store, run_id: str) -> int:
     old = {}
     for s in store.samples(run_id):
         old.setdefault((s.cell_id, s.workload, s.repetition), s.labels)
-    store.delete_samples(run_id)
-    count = 0
+    rows, count = [], 0
     for raw_id, cell_id, rep, raw in store.raw_outputs(run_id):
         if rep < 0 or raw.workload not in workloads:
             continue
@@ -646,8 +665,9 @@ def reparse(store: Store, run_id: str) -> int:
         samples = workloads[raw.workload].parse(raw)
         stamped = [type(s)(s.metric, s.value, s.unit, s.higher_is_better, {**base, **s.labels, "repetition": rep})
                    for s in samples]
-        store.add_samples(run_id, cell_id, raw_id, raw.workload, rep, stamped)
+        rows.append((cell_id, raw_id, raw.workload, rep, stamped))
         count += len(stamped)
+    store.replace_samples(run_id, rows)  # parsed first, swapped in one transaction
     return count
 
 

@@ -124,6 +124,17 @@ MIGRATIONS: list[str] = [
 ]
 
 
+_INSERT_SAMPLE = ("INSERT INTO samples (run_id, cell_id, raw_id, workload, metric, value, unit, higher_is_better,"
+                  " repetition, labels) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
+
+
+def _sample_rows(run_id: str, cell_id: str, raw_id: int | None, workload: str, repetition: int,
+                 samples: list[Sample]) -> list[tuple]:
+    return [(run_id, cell_id, raw_id, workload, s.metric, float(s.value), s.unit,
+             None if s.higher_is_better is None else int(s.higher_is_better), repetition, _j(s.labels))
+            for s in samples]
+
+
 @dataclass(frozen=True)
 class RunRow:
     id: str
@@ -181,6 +192,39 @@ def _j(value: Any) -> str:
     return json.dumps(value, sort_keys=True, default=str)
 
 
+class StoreError(LabError):
+    """The results store failed (disk full, read-only, corrupt): one line naming the file."""
+
+
+class _Connection(sqlite3.Connection):
+    """Every SQLite failure (SQLITE_FULL on a full results disk, a locked or unreadable file)
+    becomes a StoreError naming the store, so the CLI reports it in one line, not a traceback.
+    A failed statement or commit is rolled back by SQLite: what was committed before stays."""
+
+    where = "results store"
+
+    def execute(self, *args, **kwargs):
+        try:
+            return super().execute(*args, **kwargs)
+        except sqlite3.Error as exc:
+            raise StoreError(f"{self.where}: {exc}", hint=_HINT) from None
+
+    def executemany(self, *args, **kwargs):
+        try:
+            return super().executemany(*args, **kwargs)
+        except sqlite3.Error as exc:
+            raise StoreError(f"{self.where}: {exc}", hint=_HINT) from None
+
+    def __exit__(self, *exc_info):
+        try:
+            return super().__exit__(*exc_info)
+        except sqlite3.Error as exc:
+            raise StoreError(f"{self.where}: {exc}", hint=_HINT) from None
+
+
+_HINT = "free space in the results directory, then `lab run --resume RUN` continues the run"
+
+
 class Store:
     FILENAME = "lab.db"
 
@@ -193,13 +237,15 @@ class Store:
         self.path = self.dir / self.FILENAME
         try:
             # isolation_level=None: autocommit; every statement is durable when it returns.
-            self.db = sqlite3.connect(self.path, isolation_level=None, timeout=30, check_same_thread=False)
+            self.db = sqlite3.connect(self.path, isolation_level=None, timeout=30, check_same_thread=False,
+                                      factory=_Connection)
+            self.db.where = f"results store {self.path}"
             self.db.execute("PRAGMA journal_mode=WAL")
             self.db.execute("PRAGMA synchronous=NORMAL")
             self.db.execute("PRAGMA busy_timeout=30000")
             self._migrate()
-        except sqlite3.DatabaseError as exc:
-            raise LabError(f"results store {self.path} is unusable: {exc}") from None
+        except (sqlite3.DatabaseError, StoreError) as exc:
+            raise StoreError(f"results store {self.path} is unusable: {getattr(exc, 'message', exc)}") from None
 
     def _migrate(self) -> None:
         version = self.db.execute("PRAGMA user_version").fetchone()[0]
@@ -356,15 +402,17 @@ class Store:
                     samples: list[Sample]) -> None:
         with self.db:  # one transaction: a repetition's samples land together or not at all
             self.db.execute("BEGIN")
-            self.db.executemany(
-                "INSERT INTO samples (run_id, cell_id, raw_id, workload, metric, value, unit, higher_is_better,"
-                " repetition, labels) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                [(run_id, cell_id, raw_id, workload, s.metric, float(s.value), s.unit,
-                  None if s.higher_is_better is None else int(s.higher_is_better), repetition, _j(s.labels))
-                 for s in samples])
+            self.db.executemany(_INSERT_SAMPLE, _sample_rows(run_id, cell_id, raw_id, workload, repetition, samples))
 
-    def delete_samples(self, run_id: str) -> None:
-        self.db.execute("DELETE FROM samples WHERE run_id = ?", (run_id,))
+    def replace_samples(self, run_id: str, rows: list[tuple[str, int | None, str, int, list[Sample]]]) -> None:
+        """A run's samples replaced by `rows` (cell, raw id, workload, repetition, samples) in one
+        transaction: a reparse killed half-way leaves the old samples, never none."""
+        with self.db:
+            self.db.execute("BEGIN")
+            self.db.execute("DELETE FROM samples WHERE run_id = ?", (run_id,))
+            for cell_id, raw_id, workload, repetition, samples in rows:
+                self.db.executemany(_INSERT_SAMPLE, _sample_rows(run_id, cell_id, raw_id, workload, repetition,
+                                                                 samples))
 
     def samples(self, run_id: str) -> list[SampleRow]:
         rows = self.db.execute(

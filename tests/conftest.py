@@ -176,3 +176,12 @@ def chromium_render(page: Path, shot: Path, profile: Path, size: tuple[int, int]
     console = [line for line in proc.stderr.splitlines()
                if "CONSOLE" in line or "Uncaught" in line or "net::ERR" in line or "Failed to load" in line]
     return proc.stdout, console
+
+
+@pytest.fixture
+def proxmox_run_locks(tmp_path, monkeypatch):
+    """The Proxmox backend's run locks (taken by open_run) in the test's own directory, not in
+    /var/tmp/lab: parallel tests use the same run ids."""
+    from lab.backends import proxmox
+
+    monkeypatch.setattr(proxmox, "RUN_LOCK_DIR", tmp_path)

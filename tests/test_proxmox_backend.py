@@ -28,6 +28,10 @@ from lab.model import CloneKind, ImageRef, NicModel, VmSpec
 IMAGE = ImageRef(name="debian12", os="debian", path=Path("debian12"), digest="d1")
 
 
+# open_run takes a run lock on this machine: in the test's directory (parallel tests share run ids)
+pytestmark = pytest.mark.usefixtures("proxmox_run_locks")
+
+
 def spec(name="lab-r1-c1", *, ip="10.0.0.5", mac="BC:24:11:12:34:56", nic=NicModel.E1000,
          clone=CloneKind.LINKED, run_id="r1") -> VmSpec:
     return VmSpec(name=name, run_id=run_id, cell_id="c1", image=IMAGE, nic=nic, vcpus=2, memory_mib=1024,

@@ -28,6 +28,10 @@ from lab.model import ImageRef, NicModel, VmSpec
 from lab.wait import wait_until
 
 
+# open_run takes a run lock on this machine: in the test's directory (parallel tests share run ids)
+pytestmark = pytest.mark.usefixtures("proxmox_run_locks")
+
+
 def spec(name="lab-r1-c1", *, ip="", mac="", run_id="r1", memory=1024) -> VmSpec:
     image = ImageRef(name="debian12", os="debian", path=Path("debian12"), digest="d1")
     return VmSpec(name=name, run_id=run_id, cell_id="c1", image=image, nic=NicModel.VIRTIO, vcpus=1,

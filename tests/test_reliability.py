@@ -130,3 +130,39 @@ def test_gc_on_remote_hosts_removes_only_expired_leases_unless_forced(tmp_path):
     b = _Remote(items)
     gc.collect(cfg, backends={"pve": b}, now=now, force=True)
     assert b.removed == ["lab-a-c01", "lab-b-c01"]
+
+
+def _store_with_run(results, run_id: str) -> Store:
+    store = Store(results)
+    store.create_run(run_id, "t", config_path="", config_text="", seed=1, lab_version="0", manifest={})
+    store.add_cell(run_id, "c01", 1, "c01", {})
+    store.cell_update(run_id, "c01", status="running", stage="workloads")
+    return store
+
+
+def test_gc_removes_remote_vms_of_a_dead_run_of_this_store_before_expiry(tmp_path):
+    """Found by the chaos suite (pve-lock-on-teardown): a VM whose teardown failed outlives its
+    run; the run dropped its backend lock when it ended, so gc could not tell and kept the VM
+    until its lease expired (2 h). The run lock beside the store says the run is over."""
+    from lab.runlock import RunLock
+    from lab.runner import run_lock_path
+
+    cfg = config.LabConfig.model_validate({"lab": {"results": str(tmp_path)}})
+    store = _store_with_run(tmp_path, "dead")
+    _store_with_run(tmp_path, "alive").close()
+    lock = RunLock(run_lock_path(tmp_path, "alive"))
+    lock.acquire("test")
+    try:
+        later = time.time() + 3600
+        b = _Remote([Owned("remote", "vm", "lab-dead-c01", "dead", later),
+                     Owned("remote", "vm", "lab-alive-c01", "alive", later),
+                     Owned("remote", "vm", "lab-other-c01", "other", later)])  # another machine's run
+        report = gc.collect(cfg, backends={"pve": b})
+        assert b.removed == ["lab-dead-c01"] and report.kept == 2
+        # the killed run reads failed, with one line saying how to go on; the live one is untouched
+        assert store.run("dead").status == "failed" and "--resume dead" in store.run("dead").error
+        assert store.cells("dead")[0].status == "failed"
+        assert store.cells("dead")[0].error.startswith("workloads: the lab process ended")
+        assert store.run("alive").status == "running" and store.cells("alive")[0].status == "running"
+    finally:
+        lock.release()

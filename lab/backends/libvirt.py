@@ -108,7 +108,7 @@ from lab.backends import register
 from lab.errors import (AuthError, BackendError, CommandError, LabError, SettingError, TeardownError,
                         UnreachableError, UsageError)
 from lab.model import CloneKind, DiskBus, ImageRef, NicModel, Owned, Vm, VmSpec
-from lab.runlock import RunLock
+from lab.runlock import RUN_LOCK_DIR, RunLocks
 from lab.wait import wait_until
 
 LEASE_NS = "https://lab.invalid/lease"
@@ -118,7 +118,6 @@ DEFAULT_QEMU_DIR = "/var/lib/libvirt/images/lab"
 DEFAULT_CMDLINE = "console=ttyS0 root=LABEL=labroot rw net.ifnames=0"
 TEMPLATE_DIR = lab.TEMPLATES_DIR / "libvirt"
 FAILED_MARK = "LAB-FAILED"
-RUN_LOCK_DIR = Path("/var/tmp/lab")  # on the orchestrating machine, as the local backend's workdir
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 _SSH_OPTS = ["-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "-o", "ServerAliveInterval=10"]
 
@@ -382,7 +381,7 @@ class LibvirtBackend:
                 raise bad("subnet", s["subnet"], "not a network like 10.78.5.0/24") from None
         self.prefix = int(s.get("prefix", self.subnet.prefixlen if self.subnet else 24))
         self._dir: str | None = None
-        self._run_locks: dict[str, RunLock] = {}
+        self._run_locks = RunLocks(self._run_lock_path)
         self._golden_roots: dict[str, str | None] = {}  # image name -> host dir (None: in place)
 
     # ---------------------------------------------------------------- host commands
@@ -584,20 +583,14 @@ class LibvirtBackend:
     def open_run(self, run_id: str) -> LibvirtClient:
         # Held for the run's life on the orchestrating machine: `lab gc` here tells a live run
         # from one killed with -9 (whose domains keep running under libvirtd).
-        lock = RunLock(self._run_lock_path(run_id))
-        lock.acquire(what=f"the lock of run {run_id} on host {self.host_name!r}")
-        self._run_locks[run_id] = lock
+        self._run_locks.acquire(run_id, what=f"the lock of run {run_id} on host {self.host_name!r}")
         return LibvirtClient(address=str(self.settings.get("client_address", self.settings.get("gateway", ""))))
 
     def close_run(self, run_id: str) -> None:
-        lock = self._run_locks.pop(run_id, None)
-        if lock is not None:
-            lock.release()
+        self._run_locks.release(run_id)
 
     def run_is_live(self, run_id: str) -> bool | None:
-        """True/False for runs orchestrated from this machine (their lock here is held or not);
-        None for runs of other machines, which only their lease expiry retires."""
-        return runlock.held(self._run_lock_path(run_id))
+        return self._run_locks.live(run_id)
 
     def facts(self) -> dict[str, object]:
         f: dict[str, object] = {"backend": "libvirt", "libvirt_driver": self.driver,

@@ -80,6 +80,7 @@ from lab.backends import register
 from lab.errors import (AuthError, BackendError, ConfigError, LabError, TeardownError, TimeoutError_,
                         UnreachableError, UsageError)
 from lab.model import CloneKind, ImageRef, NicModel, Owned, Vm, VmSpec
+from lab.runlock import RUN_LOCK_DIR, RunLocks
 from lab.wait import wait_until
 
 log = logging.getLogger(__name__)
@@ -202,6 +203,7 @@ class ProxmoxBackend:
         self._templates: dict[tuple[str, str], tuple[int, str]] = {}  # (name, node) -> (vmid, its node)
         self._taken: set[str] = set()  # addresses of our VMs
         self._placed: dict[str, int] = {}  # VMs placed per node (placement "spread")
+        self._run_locks = RunLocks(self._run_lock_path)
 
     def _secret(self, s: dict, key: str) -> str | None:
         """The value itself, or a config reference ("env:NAME", "file:/path") resolved now."""
@@ -377,11 +379,21 @@ class ProxmoxBackend:
                         f"clone it to {n}", hint="publish the image on that node too, or keep the "
                         "template on shared storage")
 
+    def _run_lock_path(self, run_id: str) -> Path:
+        host = re.sub(r"[^A-Za-z0-9_.-]", "_", self.host)
+        return RUN_LOCK_DIR / f"proxmox-{host}@{run_id}.lock"
+
     def open_run(self, run_id: str) -> _Client:
+        # Held for the run's life on this machine: `lab gc` here removes the VMs of a run killed
+        # with -9 at once instead of waiting for their leases to expire.
+        self._run_locks.acquire(run_id, what=f"the lock of run {run_id} on host {self.host!r}")
         return _Client(self.client_address, self.client_netns)
 
     def close_run(self, run_id: str) -> None:
-        return None
+        self._run_locks.release(run_id)
+
+    def run_is_live(self, run_id: str) -> bool | None:
+        return self._run_locks.live(run_id)
 
     def facts(self) -> dict[str, object]:
         if not self._release:

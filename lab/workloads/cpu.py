@@ -423,9 +423,15 @@ def run_guest_load(ctx, workload: str, load: str, timeout: float, prefix: str = 
     ticks_cmd = osfacts.facts(ctx.os).cpu_ticks_cmd
     started = time.time()
     res = ctx.guest.run(prefix + guest_script(load, ticks_cmd), timeout=timeout, check=False)
-    before, out, after, rc = split_guest_output(res.stdout, workload)
+    try:
+        before, out, after, rc = split_guest_output(res.stdout, workload)
+    except LabError:
+        if res.returncode != 255:  # the guest's own fault; a lost connection is said below
+            raise
+        rc = None
     if rc is None:
-        tail = " | ".join((res.stderr or "").strip().splitlines()[-3:]) or "no error output"
+        tail = " | ".join((res.stderr or "").strip().splitlines()[-3:]) or (
+            "the SSH connection to the guest was lost" if res.returncode == 255 else "no error output")
         raise LabError(f"{workload}: the load in the guest ended before its closing CPU snapshot "
                        f"(ssh exit {res.returncode}: {tail})")
     return GuestLoad(before, out, after, rc, res.stderr or "", started, res.seconds)

@@ -1,0 +1,45 @@
+"""The fault-injection suite's short configuration (tests/chaos.py; `make chaos` runs the long one):
+every fault injected, every run ends with a clear one-line error, nothing leaked after `lab gc`,
+no sample lost, every store intact."""
+
+from __future__ import annotations
+
+import pytest
+
+import chaos
+
+
+@pytest.mark.vm
+@pytest.mark.image
+@pytest.mark.timeout(1500)
+@pytest.mark.xdist_group("libvirt-qemu-system")  # it may start libvirtd, as the libvirt tests do
+def test_chaos_short(golden, capsys):
+    rows, totals = chaos.run_suite("short")
+    text = chaos.table(rows, totals)
+    with capsys.disabled():
+        print("\n" + text)
+    assert [r.fault for r in rows] == chaos.CONFIGS["short"].faults
+    assert totals.faults == len(rows), text
+    assert totals.clear == len(rows), text
+    assert totals.leaked == 0, text
+    assert totals.lost == 0, text
+    assert totals.corrupt == 0, text
+    assert all(r.ok for r in rows), text
+    # the kill mid-workload had stored samples to lose, and kept them
+    killed = next(r for r in rows if r.fault == "kill-orchestrator-workload")
+    assert "no sample stored before the kill" not in killed.notes, text
+
+
+def test_verdicts_on_bad_outcomes(tmp_path):
+    """The counting itself can fail: a traceback, a wrong exit status, a multi-line error."""
+    assert chaos.one_line_exit(1, "progress\nlab: error: results store x: database or disk is full", tmp_path) \
+        == (True, "results store x: database or disk is full")
+    assert not chaos.one_line_exit(1, "Traceback (most recent call last):\n  ...\nsqlite3.OperationalError: full",
+                                   tmp_path)[0]
+    assert not chaos.one_line_exit(2, "lab: error: x", tmp_path)[0]
+    assert not chaos.one_line_exit(1, "", tmp_path)[0]
+    assert not chaos.one_line_exit(1, "1 of 1 cells failed; see `lab show abc`", tmp_path)[0]  # no store: no error
+    row = chaos.Row("x", injected=True, clear=True, leaked=["qemu pid 1 lab-x-c01"])
+    assert not row.ok
+    totals = chaos.Totals(faults=1, clear=1, leaked=0, lost=1, corrupt=0)
+    assert not totals.ok
