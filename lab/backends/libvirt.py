@@ -900,10 +900,14 @@ class LibvirtBackend:
     def require_boot(self, image: ImageRef) -> None:
         """Refuse an image that cannot boot the way this host boots it (before anything is made)."""
         where = f"host {self.host_name!r}"
+        paths = (image.manifest or {}).get("paths")
+        has_kernel = isinstance(paths, dict) and bool(paths.get("kernel"))
         if self.driver == "bhyve":
             if self.firmware == "uefi":
                 images.require_boot(image, "uefi", f"{where}: bhyve with firmware = \"uefi\"")
-        elif self._kernel_boot(image) is None:
+        elif self.boot == "kernel" or (self.boot == "auto" and has_kernel):
+            images.require_boot(image, "kernel", f"{where}: QEMU direct kernel boot")
+        else:
             images.require_boot(image, "bios", f"{where}: QEMU booting the disk by SeaBIOS")
 
     def _kernel_boot(self, image: ImageRef) -> dict[str, str] | None:
