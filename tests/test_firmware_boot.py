@@ -58,7 +58,8 @@ def _boot(golden, workdir: Path, *, uefi: bool, cidata: Path | None, guest_ip: s
     proc.run(["qemu-img", "create", "-q", "-f", "qcow2", "-b", str(golden.path.resolve()), "-F", "qcow2", disk],
              what="qemu-img create")
     port = _free_port()
-    argv = [QEMU, "-machine", "pc,accel=tcg", "-nodefaults", "-no-user-config", "-display", "none",
+    # UEFI: q35, as PVE recommends with OVMF (its ide2 is then a port of the ICH9 AHCI controller)
+    argv = [QEMU, "-machine", f"{'q35' if uefi else 'pc'},accel=tcg", "-nodefaults", "-no-user-config", "-display", "none",
             "-smp", "2", "-m", "1024",
             # PVE's scsihw=virtio-scsi-single + scsi0, boot order on the disk
             "-device", "virtio-scsi-pci,id=scsi0",
@@ -74,7 +75,7 @@ def _boot(golden, workdir: Path, *, uefi: bool, cidata: Path | None, guest_ip: s
         shutil.copyfile(OVMF_VARS, vars_copy)
         argv += ["-drive", f"if=pflash,format=raw,unit=0,readonly=on,file={OVMF_CODE}",
                  "-drive", f"if=pflash,format=raw,unit=1,file={vars_copy}"]
-    if cidata is not None:  # PVE's ide2: the secondary master, a CD-ROM
+    if cidata is not None:  # PVE's ide2: the secondary master (pc) or AHCI port 2 (q35), a CD-ROM
         argv += ["-drive", f"file={cidata},if=ide,index=2,media=cdrom,format=raw,readonly=on"]
     assert "-kernel" not in argv
     t0 = time.monotonic()
@@ -88,7 +89,7 @@ def _ready(p, workdir: Path, t0: float) -> float:
     def up():
         if p.poll() is not None:
             raise AssertionError(f"QEMU exited: {(workdir / 'qemu.log').read_text()[-500:]}")
-        return console.exists() and READY_MARKER.encode() in console.read_bytes()
+        return console.exists() and READY_MARKER in console.read_bytes()
 
     wait_until(up, timeout=600, what="LAB-READY after a firmware boot", interval=0.5, max_interval=2)
     return time.monotonic() - t0
@@ -132,6 +133,7 @@ def _check(golden, workdir: Path, *, uefi: bool, cidata: bool) -> dict:
         return {"ready_s": round(ready_s, 1), "login_s": round(login_s, 1)}
     finally:
         stop_process(p)
+        shutil.copyfile(workdir / "console.log", Path("/tmp") / f"bootable-{'uefi' if uefi else 'bios'}-console.log")
 
 
 @pytest.mark.skipif(not OVMF_CODE.exists(), reason="OVMF is not installed (apt install ovmf; `make setup`)")
