@@ -14,7 +14,7 @@ APT_PACKAGES := qemu-system-x86 qemu-utils mmdebstrap packer e2fsprogs iproute2 
 	openssh-client openssl iperf3 wrk sysbench git curl zstd python3-venv \
 	libvirt-daemon-system libvirt-dev pkg-config gcc shellcheck xmlstarlet libxml2-utils \
 	nginx-light chromium \
-	dnsmasq-base udhcpc
+	dnsmasq-base udhcpc fdisk ovmf genisoimage
 
 .PHONY: setup apt venv images run test test-fast bench chaos lint clean gc doctor
 

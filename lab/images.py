@@ -50,9 +50,12 @@ from lab.model import ImageRef, NicModel
 Progress = Callable[[str], None] | None
 
 # Bump when the build logic changes in a way the inputs below do not show.
-RECIPE_VERSION = 1
+RECIPE_VERSION = 2  # 2: partitioned disk (GPT: BIOS boot, ESP, root), GRUB for BIOS and UEFI
 
 ROOT_LABEL = "labroot"
+# How the debian12 image boots: direct kernel boot (local backend, libvirt QEMU), and from its disk
+# by firmware, SeaBIOS ("bios": PVE's default) or UEFI ("uefi": OVMF, bhyve's BHYVE_UEFI.fd).
+BOOT_MODES = ("kernel", "bios", "uefi")
 READY_MARKER = "LAB-READY"
 SSH_USER = "root"
 KEY_NAME = "lab_key"
@@ -76,6 +79,9 @@ class Recipe:
     scripts: tuple[str, ...]  # relative to PACKER_DIR
     template_paths: tuple[str, ...]  # relative to TEMPLATES_DIR (files or directories)
     nginx: dict[str, Any]
+    # GPT layout (MiB): partition 1 BIOS boot, 2 EFI system partition, 3 root up to 1 MiB before the end
+    bios_boot_mib: int = 1
+    esp_mib: int = 64
     # The proxmox-iso source installs from the netinst ISO with this preseed (packer/debian12.pkr.hcl).
     answers: tuple[tuple[str, str], ...] = (("answers/debian-preseed.cfg.j2", "preseed.cfg"),)
     # The base container image loaded into podman's store at provisioning (see ContainerBase).
@@ -90,10 +96,24 @@ class Recipe:
             "dpkg_excludes": list(self.dpkg_excludes), "cmdline": self.cmdline,
             "disk_mib": self.disk_mib, "hostname": self.hostname, "root_label": ROOT_LABEL,
             "ready_marker": READY_MARKER, "nginx": self.nginx,
+            "partitions": self.partitions(), "boot": list(BOOT_MODES),
         }
         if self.container is not None:
             out["container"] = self.container.constants()
         return out
+
+    def partitions(self) -> list[dict[str, Any]]:
+        """The GPT partitions, in order: name, GPT type GUID, first MiB, size in MiB."""
+        esp_start = 1 + self.bios_boot_mib
+        root_start = esp_start + self.esp_mib
+        return [
+            {"name": "bios", "type": "21686148-6449-6E6F-744E-656564454649", "start_mib": 1,
+             "size_mib": self.bios_boot_mib},
+            {"name": "esp", "type": "C12A7328-F81F-11D2-BA4B-00A0C93EC3B8", "start_mib": esp_start,
+             "size_mib": self.esp_mib},
+            {"name": "root", "type": "0FC63DAF-8483-4772-8E79-3D69C47D8E4D", "start_mib": root_start,
+             "size_mib": self.disk_mib - root_start - 1},  # the last MiB holds the backup GPT
+        ]
 
 
 @dataclass(frozen=True)
@@ -132,6 +152,11 @@ DEBIAN12 = Recipe(
         # containers (issue 9 workloads): podman with netavark + iptables for its default bridge
         # network, both OCI runtimes, hyperfine for container start, POSIX `time -p` for timings
         "podman", "crun", "runc", "netavark", "iptables", "hyperfine", "time",
+        # firmware boot (Proxmox VE, bhyve UEFI, libvirt boot = "disk"): GRUB's BIOS and UEFI images,
+        # installed onto the disk during provisioning; mkfs.fat for the EFI system partition
+        "grub-pc-bin", "grub-efi-amd64-bin", "grub2-common", "dosfstools",
+        # PVE's IP discovery (network-get-interfaces) on the org.qemu.guest_agent.0 channel
+        "qemu-guest-agent",
     ),
     dpkg_excludes=(
         "/usr/share/man/*", "/usr/share/info/*", "/usr/share/doc/*", "/usr/share/locale/*",
@@ -310,6 +335,36 @@ def load(name: str, images_dir: Path | None = None) -> ImageRef:
     if not disk.is_file():
         raise _not_built(name)
     return ref
+
+
+BOOT_WAYS = {"kernel": "direct kernel boot", "bios": "BIOS firmware (SeaBIOS)", "uefi": "UEFI firmware",
+             "disk": "firmware from its disk"}
+
+
+def boot_modes(manifest: dict[str, Any]) -> set[str] | None:
+    """How an image can boot, from its manifest: a subset of BOOT_MODES, with "disk" for the
+    ISO-installed images (firmware boot of their own installer's kind). None: not recorded."""
+    boot = manifest.get("boot")
+    if isinstance(boot, list):
+        return {str(b) for b in boot}
+    if isinstance(boot, str):
+        return {boot}
+    if isinstance(manifest.get("paths"), dict) and "kernel" in manifest["paths"]:
+        return {"kernel"}  # a debian12 built before recipe version 2: a bare filesystem, no bootloader
+    return None
+
+
+def require_boot(image: ImageRef, mode: str, who: str) -> None:
+    """Refuse (UsageError, before anything is created) an image that cannot boot the way `who`
+    boots it: `mode` is "kernel", "bios" or "uefi"."""
+    modes = boot_modes(image.manifest or {})
+    if modes is None or mode in modes or (mode != "kernel" and "disk" in modes):
+        return
+    how = ", ".join(BOOT_WAYS.get(m, m) for m in sorted(modes)) or "nothing"
+    hint = (f"rebuild it: `lab images build {image.name} --force`" if recipe(image.name).kind == "debootstrap"
+            else "run it on a libvirt or proxmox host")
+    raise UsageError(f"image {image.name!r} cannot boot by {BOOT_WAYS[mode]} ({who}); it boots by {how}",
+                     hint=hint)
 
 
 def list_images(images_dir: Path | None = None) -> list[ImageRef]:
@@ -917,11 +972,18 @@ def _build(r: Recipe, name: str, work: Path, idir: Path, digest: str, say: Calla
     shutil.copyfile(initrd, work / "initrd.img")
 
     stage("filesystem: mkfs.ext4 -d")
-    raw = work / "root.raw"
+    parts = r.partitions()
+    root_part = parts[-1]
+    root_raw = work / "root.raw"
     proc.run(["mkfs.ext4", "-q", "-F", "-L", ROOT_LABEL, "-d", rootfs, "-m", "1",
-              "-E", "lazy_itable_init=0,lazy_journal_init=0", raw, f"{r.disk_mib}M"],
+              "-E", "lazy_itable_init=0,lazy_journal_init=0", root_raw, f"{root_part['size_mib']}M"],
              timeout=600, what="mkfs.ext4")
     shutil.rmtree(rootfs)
+
+    stage("disk: GPT (sfdisk) and the root filesystem at its offset")
+    raw = work / "disk.raw"
+    make_disk(raw, r.disk_mib, parts, root_raw)
+    root_raw.unlink()
 
     stage("qcow2: qemu-img convert")
     base = work / "base.qcow2"
@@ -937,8 +999,11 @@ def _build(r: Recipe, name: str, work: Path, idir: Path, digest: str, say: Calla
     stage("packer: boot under TCG and provision")
     out_dir = work / "packer-out"
     report = work / "lab-image.json"
+    # The build boot: direct kernel boot with slirp's address given explicitly (the image's own
+    # fallback is DHCP); GRUB gets the base command line.
     pvars = {"disk_in": base, "output_dir": out_dir, "kernel": work / "vmlinuz",
-             "initrd": work / "initrd.img", "cmdline": r.cmdline, "ssh_key": key,
+             "initrd": work / "initrd.img", "cmdline": f"{r.cmdline} lab.ip=10.0.2.15/24 lab.gw=10.0.2.2",
+             "boot_cmdline": r.cmdline, "root_label": ROOT_LABEL, "ssh_key": key,
              "stage_dir": work / "stage", "report_out": report,
              "console_log": work / "packer-console.log", "disk_size": f"{r.disk_mib}M"}
     # Only the qemu source: the template's proxmox-iso source builds on a PVE node, by hand.
@@ -991,8 +1056,12 @@ def _build(r: Recipe, name: str, work: Path, idir: Path, digest: str, say: Calla
         "dpkg_packages": guest.get("dpkg_packages"),
         "root_label": ROOT_LABEL,
         "cmdline": r.cmdline,
+        "boot": list(BOOT_MODES),
+        "partitions": parts,
+        "guest_agent": True,
         "net": {"device": "eth0", "kernel_args": "lab.ip=ADDR/PREFIX lab.gw=ADDR",
-                "fallback": "10.0.2.15/24 via 10.0.2.2"},
+                "cidata": "NoCloud drive labelled cidata: network-config v1/v2, user-data ssh_authorized_keys",
+                "fallback": "dhcp"},
         "ready_marker": READY_MARKER,
         "ssh_user": SSH_USER,
         "ssh_key_fingerprint": key_fingerprint(pubkey),
@@ -1017,6 +1086,24 @@ def _build(r: Recipe, name: str, work: Path, idir: Path, digest: str, say: Calla
     os.replace(tmp, mpath)
     say(f"done in {manifest['build_seconds']:.0f} s: {paths['disk']}")
     return load(name, idir)
+
+
+def make_disk(raw: Path, disk_mib: int, parts: list[dict[str, Any]], root_fs: Path) -> None:
+    """A raw GPT disk image of `disk_mib` MiB with `parts` (Recipe.partitions) and the filesystem
+    image `root_fs` copied into the last partition. No loop device: sfdisk works on the file, dd
+    writes the filesystem at its offset (sparse: holes stay holes)."""
+    with open(raw, "wb") as f:
+        f.truncate(disk_mib * 2**20)
+    script = "label: gpt\nunit: sectors\n" + "".join(
+        f"start={p['start_mib'] * 2048}, size={p['size_mib'] * 2048}, type={p['type']}, name={p['name']}\n"
+        for p in parts)
+    proc.run(["sfdisk", "--quiet", "--no-reread", "--no-tell-kernel", raw], input=script, timeout=60,
+             what="sfdisk")
+    root = parts[-1]
+    if root_fs.stat().st_size != root["size_mib"] * 2**20:
+        raise LabError(f"{root_fs} is {root_fs.stat().st_size} bytes, the partition {root['size_mib']} MiB")
+    proc.run(["dd", f"if={root_fs}", f"of={raw}", "bs=1M", f"seek={root['start_mib']}", "conv=notrunc,sparse",
+              "status=none"], timeout=600, what="dd root filesystem into the disk image")
 
 
 def _initrd_modules() -> list[str]:

@@ -1,7 +1,8 @@
 # debian12 golden image. Two sources, one build:
-#   qemu.debian12         step 2 of 2 of `lab images build debian12` (step 1 is mmdebstrap + mkfs.ext4 +
-#                         qemu-img in lab/images.py): boot the bare qcow2 by direct kernel boot under
-#                         TCG, provision it over SSH, download the version report, shut down.
+#   qemu.debian12         step 2 of 2 of `lab images build debian12` (step 1 is mmdebstrap + sfdisk +
+#                         mkfs.ext4 + qemu-img in lab/images.py): boot the partitioned qcow2 by direct
+#                         kernel boot under TCG, provision it over SSH (GRUB for BIOS and UEFI
+#                         included), download the version report, shut down.
 #   proxmox-iso.debian12  builds the template `lab-debian12` directly on a Proxmox VE node from the
 #                         Debian 12 netinst ISO with the preseed rendered from
 #                         templates/answers/debian-preseed.cfg.j2 (`lab images render debian12 DIR`).
@@ -27,7 +28,16 @@ variable "initrd" {
 variable "cmdline" {
   type        = string
   default     = ""
-  description = "base kernel command line (no lab.ip: the guest falls back to slirp's 10.0.2.15)"
+  description = "kernel command line for the build boot (lab/images.py adds slirp's lab.ip=10.0.2.15/24)"
+}
+variable "boot_cmdline" {
+  type        = string
+  default     = ""
+  description = "kernel command line for GRUB (firmware boot); empty: no bootloader is installed (proxmox-iso)"
+}
+variable "root_label" {
+  type    = string
+  default = "labroot"
 }
 variable "ssh_key" {
   type        = string
@@ -217,7 +227,8 @@ build {
   }
 
   provisioner "shell" {
-    script = "${path.root}/scripts/provision-debian.sh"
+    script           = "${path.root}/scripts/provision-debian.sh"
+    environment_vars = ["LAB_BOOT_CMDLINE=${var.boot_cmdline}", "LAB_ROOT_LABEL=${var.root_label}"]
   }
 
   provisioner "file" {

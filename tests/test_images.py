@@ -321,20 +321,37 @@ def test_guest_and_build_scripts_pass_shellcheck():
 # the guest's network unit script, run on the host with a fake `ip`
 
 LAB_NET = lab.TEMPLATES_DIR / "image" / "rootfs" / "usr" / "local" / "sbin" / "lab-net"
+LAB_CIDATA = LAB_NET.with_name("lab-cidata")
+CIDATA = Path(__file__).parent / "data" / "cidata"
 
 
-def _run_lab_net(tmp_path: Path, cmdline: str) -> str:
+def _run_lab_net(tmp_path: Path, cmdline: str, cidata: Path | None = None, mac: str = "bc:24:11:5e:0a:04",
+                 one_ip_call: bool = True) -> str:
+    """Run lab-net with fake `ip`, `systemctl`, `modprobe` and `blkid` (no cidata drive unless
+    `cidata` names a directory standing in for it); return the `ip -batch` input."""
     fake = tmp_path / "bin"
     fake.mkdir(exist_ok=True)
-    (fake / "ip").write_text(f"#!/bin/sh\necho \"$@\" >> {tmp_path}/ip.args\ncat >> {tmp_path}/ip.batch\n")
-    (fake / "ip").chmod(0o755)
+    # `ip -4 -o addr show` (the DHCP wait) reports a lease; every other call is logged
+    (fake / "ip").write_text(f"#!/bin/sh\ncase \"$*\" in *'-o addr show'*) echo '2: eth0 inet 10.0.2.15/24'; exit 0;; esac\n"
+                             f"echo \"$@\" >> {tmp_path}/ip.args\n"
+                             f"[ \"$1\" = -batch ] && cat >> {tmp_path}/ip.batch\nexit 0\n")
+    for tool in ("systemctl", "modprobe", "blkid"):
+        (fake / tool).write_text(f"#!/bin/sh\necho {tool} \"$@\" >> {tmp_path}/calls\n")
+    for tool in ("ip", "systemctl", "modprobe", "blkid"):
+        (fake / tool).chmod(0o755)
     (tmp_path / "cmdline").write_text(cmdline + "\n")
     (tmp_path / "ip.batch").write_text("")
     (tmp_path / "sys" / "eth0").mkdir(parents=True, exist_ok=True)
-    proc.run(["sh", LAB_NET], timeout=30, env={"PATH": f"{fake}:/usr/bin:/bin",
-                                              "LAB_CMDLINE_FILE": str(tmp_path / "cmdline"),
-                                              "LAB_SYS_NET": str(tmp_path / "sys")})
-    assert (tmp_path / "ip.args").read_text().split() == ["-batch", "-"]  # one process only
+    (tmp_path / "sys" / "eth0" / "address").write_text(mac + "\n")
+    env = {"PATH": f"{fake}:/usr/bin:/bin", "LAB_CMDLINE_FILE": str(tmp_path / "cmdline"),
+           "LAB_SYS_NET": str(tmp_path / "sys"), "LAB_SSH_DIR": str(tmp_path / "ssh"),
+           "LAB_NETWORKD_DIR": str(tmp_path / "networkd")}
+    if cidata is not None:
+        env["LAB_CIDATA_DIR"] = str(cidata)
+    out = proc.run(["sh", LAB_NET], timeout=30, env=env).stdout
+    (tmp_path / "stdout").write_text(out)
+    if one_ip_call:
+        assert (tmp_path / "ip.args").read_text().split() == ["-batch", "-"]  # one process only
     return (tmp_path / "ip.batch").read_text()
 
 
@@ -343,15 +360,44 @@ def test_lab_net_configures_eth0_from_the_kernel_command_line(tmp_path):
     lines = [line for line in batch.splitlines() if line.strip()]
     assert lines == ["link set lo up", "link set eth0 up", "addr replace 10.77.0.23/24 dev eth0",
                      "route replace default via 10.77.0.1 dev eth0"]
+    assert not (tmp_path / "calls").exists()  # the fast path: no module loads, no drive scan
 
 
 def test_lab_net_without_gateway_and_without_lab_ip(tmp_path):
     batch = _run_lab_net(tmp_path, "root=LABEL=labroot lab.ip=192.0.2.5/28")
     assert "addr replace 192.0.2.5/28 dev eth0" in batch and "route" not in batch
     (tmp_path / "ip.args").unlink()
-    batch = _run_lab_net(tmp_path, "console=ttyS0 root=LABEL=labroot quiet")  # Packer's slirp boot
-    assert "addr replace 10.0.2.15/24 dev eth0" in batch
-    assert "route replace default via 10.0.2.2 dev eth0" in batch
+    # no lab.ip, no cidata drive: DHCP through networkd, for eth0 only, client id = MAC
+    batch = _run_lab_net(tmp_path, "console=ttyS0 root=LABEL=labroot quiet", one_ip_call=False)
+    assert batch == ""
+    calls = (tmp_path / "calls").read_text()
+    assert "blkid -l -o device -t LABEL=cidata" in calls
+    assert "systemctl start --no-block systemd-networkd.service" in calls
+    network = (tmp_path / "networkd" / "10-lab-eth0.network").read_text()
+    assert "Name=eth0" in network and "DHCP=ipv4" in network and "ClientIdentifier=mac" in network
+    assert "lab-net: eth0 10.0.2.15/24 (dhcp)" in (tmp_path / "stdout").read_text()
+
+
+def test_lab_net_takes_the_address_and_keys_from_a_pve_cidata_drive(tmp_path):
+    drive = tmp_path / "cidata"
+    drive.mkdir()
+    shutil.copyfile(CIDATA / "pve-v2-static.network-config", drive / "network-config")
+    shutil.copyfile(CIDATA / "pve-user-data", drive / "user-data")
+    (tmp_path / "ssh").mkdir()
+    (tmp_path / "ssh" / "authorized_keys").write_text("ssh-ed25519 AAAAbaked lab\n")
+    # eth0 has net1's MAC: its entry wins (DHCP) over the first one
+    batch = _run_lab_net(tmp_path, "root=LABEL=labroot", cidata=drive, mac="bc:24:11:5e:0a:05",
+                         one_ip_call=False)
+    assert batch == "" and (tmp_path / "networkd" / "10-lab-eth0.network").is_file()
+    # eth0 has net0's MAC: the static address and gateway, one `ip -batch`
+    for f in ("ip.args", "ip.batch", "calls"):
+        (tmp_path / f).unlink(missing_ok=True)
+    batch = _run_lab_net(tmp_path / "", "root=LABEL=labroot", cidata=drive, mac="bc:24:11:5e:0a:04")
+    assert "addr replace 10.20.30.40/16 dev eth0" in batch
+    assert "route replace default via 10.20.0.1 dev eth0" in batch
+    keys = (tmp_path / "ssh" / "authorized_keys").read_text().splitlines()
+    assert keys[0] == "ssh-ed25519 AAAAbaked lab"  # the baked-in key stays
+    assert len(keys) == 3 and keys[1].startswith("ssh-ed25519 AAAAC3") and keys[2].endswith("other key with spaces")
 
 
 def test_image_units_keep_the_boot_contract():
@@ -383,3 +429,76 @@ def test_ensure_key_makes_one_key_and_keeps_it(tmp_path):
     images.ensure_key(tmp_path)
     assert key.read_bytes() == private
     assert images.key_fingerprint((tmp_path / "lab_key.pub").read_text()) == images.key_fingerprint(pub)
+
+
+# ---------------------------------------------------------------------------------------------
+# the cidata reader (lab-cidata, awk) on files in the shapes PVE and cloud-init write
+
+@pytest.mark.parametrize("name,expected", [
+    ("pve-v1-static", ["bc:24:11:5e:0a:01 10.77.5.21/24 10.77.5.1"]),
+    ("pve-v2-static", ["bc:24:11:5e:0a:04 10.20.30.40/16 10.20.0.1", "bc:24:11:5e:0a:05 dhcp -"]),
+    ("cloudinit-v1-netmask", ["bc:24:11:5e:0a:02 192.168.40.77/22 192.168.40.1"]),
+    ("cloudinit-v1-dhcp", ["bc:24:11:5e:0a:03 dhcp -"]),
+])
+def test_lab_cidata_reads_network_config(name, expected):
+    out = proc.run(["sh", LAB_CIDATA, "net", CIDATA / f"{name}.network-config"], timeout=30).stdout
+    assert out.splitlines() == expected
+
+
+def test_lab_cidata_reads_user_data_keys_and_rejects_bad_use(tmp_path):
+    out = proc.run(["sh", LAB_CIDATA, "keys", CIDATA / "pve-user-data"], timeout=30).stdout
+    assert out.splitlines() == [
+        "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGxhYi10ZXN0LWtleS1vbmUtMDAwMDAwMDAwMDAwMDAw lab@host",
+        "ssh-rsa AAAAB3NzaC1yc2EAAAADAQABAAAAgQC0bGFiLXRlc3Qta2V5LXR3bw== other key with spaces"]
+    flow = tmp_path / "user-data"
+    flow.write_text("#cloud-config\nusers:\n  - name: root\n    ssh_authorized_keys: ['ssh-ed25519 AAAA1 a', \"ssh-ed25519 AAAA2 b\"]\n")
+    assert proc.run(["sh", LAB_CIDATA, "keys", flow], timeout=30).stdout.splitlines() == [
+        "ssh-ed25519 AAAA1 a", "ssh-ed25519 AAAA2 b"]
+    for argv in (["net", tmp_path / "missing"], ["yaml", flow]):
+        res = proc.run(["sh", LAB_CIDATA, *argv], timeout=30, check=False)
+        assert res.returncode == 2 and "lab-cidata" in res.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# the partitioned disk (no loop device) and the boot modes in the manifest
+
+def test_make_disk_writes_gpt_and_the_root_filesystem_at_its_offset(tmp_path):
+    import dataclasses
+    r = dataclasses.replace(images.DEBIAN12, disk_mib=80)
+    parts = r.partitions()
+    assert [p["name"] for p in parts] == ["bios", "esp", "root"]
+    assert parts[2]["start_mib"] == 66 and parts[2]["size_mib"] == 80 - 66 - 1
+    root = tmp_path / "root.raw"
+    proc.run(["mkfs.ext4", "-q", "-F", "-L", images.ROOT_LABEL, root, f"{parts[2]['size_mib']}M"], timeout=60)
+    raw = tmp_path / "disk.raw"
+    images.make_disk(raw, r.disk_mib, parts, root)
+    assert raw.stat().st_size == 80 * 2**20
+    table = json.loads(proc.run(["sfdisk", "--json", raw], timeout=30).stdout)["partitiontable"]
+    assert table["label"] == "gpt"
+    got = [(p["start"], p["size"], p["type"], p["name"]) for p in table["partitions"]]
+    assert got == [(p["start_mib"] * 2048, p["size_mib"] * 2048, p["type"], p["name"]) for p in parts]
+    probe = proc.run(["blkid", "-p", "-O", str(66 * 2**20), "-o", "export", raw], timeout=30).stdout
+    assert f"LABEL={images.ROOT_LABEL}" in probe and "TYPE=ext4" in probe
+    with pytest.raises(images.LabError, match="partition"):
+        images.make_disk(raw, r.disk_mib, [*parts[:2], {**parts[2], "size_mib": 5}], root)
+
+
+def test_backends_refuse_an_image_that_cannot_boot_their_way():
+    from lab.backends.local import boot_files
+
+    def ref(manifest):
+        return images.ImageRef("debian12", "debian", Path("/nonexistent/debian12.qcow2"), "d", "s", manifest=manifest)
+
+    old = ref({"paths": {"disk": "debian12.qcow2", "kernel": "debian12/vmlinuz"}})  # recipe version 1
+    assert images.boot_modes(old.manifest) == {"kernel"}
+    with pytest.raises(UsageError, match=r"cannot boot by BIOS firmware \(SeaBIOS\) \(a Proxmox") as err:
+        images.require_boot(old, "bios", "a Proxmox VE template on pve1 boots its disk by SeaBIOS")
+    assert "lab images build debian12 --force" in err.value.hint
+    new = ref({"boot": ["kernel", "bios", "uefi"], "paths": {"disk": "debian12.qcow2"}})
+    for mode in ("kernel", "bios", "uefi"):
+        images.require_boot(new, mode, "anyone")
+    firmware_only = ref({"boot": ["bios", "uefi"], "paths": {"disk": "debian12.qcow2"}})
+    with pytest.raises(UsageError, match="cannot boot by direct kernel boot .the local backend."):
+        boot_files(firmware_only)
+    assert images.boot_modes({"paths": {"disk": "x.qcow2"}}) is None  # not recorded: not refused
+    assert images.DEBIAN12.constants()["boot"] == ["kernel", "bios", "uefi"]

@@ -454,7 +454,7 @@ def built_image(tmp_path) -> ImageRef:
     (img_dir / "debian12").mkdir(parents=True)
     for f in ("debian12.qcow2", "debian12/vmlinuz", "debian12/initrd.img"):
         (img_dir / f).write_bytes(b"x")
-    manifest = {"name": "debian12", "recipe_digest": "d1",
+    manifest = {"name": "debian12", "recipe_digest": "d1", "boot": ["kernel", "bios", "uefi"],
                 "paths": {"disk": "debian12.qcow2", "kernel": "debian12/vmlinuz", "initrd": "debian12/initrd.img"}}
     return ImageRef(name="debian12", os="debian", path=img_dir / "debian12.qcow2", digest="d1", manifest=manifest)
 

@@ -294,7 +294,7 @@ def debian(tmp_path: Path) -> ImageRef:
     for f in ("vmlinuz", "initrd.img"):
         (tmp_path / "debian12" / f).write_bytes(b"")
     return ImageRef(name="debian12", os="debian", path=tmp_path / "debian12.qcow2", digest="d",
-                    manifest={"cmdline": "console=ttyS0 root=LABEL=labroot rw quiet",
+                    manifest={"cmdline": "console=ttyS0 root=LABEL=labroot rw quiet", "boot": ["kernel", "bios", "uefi"],
                               "paths": {"kernel": "debian12/vmlinuz", "initrd": "debian12/initrd.img"}})
 
 
@@ -343,6 +343,13 @@ def test_qemu_disk_boot_kvm_user_network_agent(tmp_path):
     assert root.find("devices/disk/driver").get("type") == "raw"
     assert root.find("devices/interface").get("type") == "user"
     assert root.find("devices/channel/target").get("name") == "org.qemu.guest_agent.0"
+    # a debian12 built before the bootloader (a bare filesystem, kernel boot only) is refused
+    old = debian(tmp_path)
+    old.manifest.pop("boot")
+    with pytest.raises(UsageError, match=r"cannot boot by BIOS firmware \(SeaBIOS\) \(host 'k'"):
+        b.domain_xml(spec(image=old, clone=CloneKind.FULL), vm_uuid=UUID)
+    with pytest.raises(UsageError, match=r"cannot boot by UEFI firmware \(host 'b'"):
+        LibvirtBackend("b", {"uri": "bhyve:///system", "dataset": "zroot/lab"}).domain_xml(spec(image=old), vm_uuid=UUID)
 
 
 # --------------------------------------------------------------------------------------------

@@ -103,7 +103,7 @@ from urllib.parse import parse_qs, urlsplit
 from xml.etree import ElementTree as ET
 
 import lab
-from lab import proc, runlock
+from lab import images, proc, runlock
 from lab.backends import register
 from lab.errors import (AuthError, BackendError, CommandError, LabError, SettingError, TeardownError,
                         UnreachableError, UsageError)
@@ -737,6 +737,7 @@ class LibvirtBackend:
         ("zfs:POOL/DS/NAME@gold" or "file:/DIR/NAME.qcow2"). Idempotent for the same recipe."""
         if self.scheme == "test":
             raise UsageError(f"host {self.host_name!r} is a test:/// URI: nothing to publish to")
+        self.require_boot(image)
         if self.driver == "bhyve":
             return self._publish_zvol(image)
         return self._publish_files(image)
@@ -889,6 +890,19 @@ class LibvirtBackend:
 
     # ---------------------------------------------------------------- domain XML
 
+    def require_boot(self, image: ImageRef) -> None:
+        """Refuse an image that cannot boot the way this host boots it (before anything is made)."""
+        where = f"host {self.host_name!r}"
+        paths = (image.manifest or {}).get("paths")
+        has_kernel = isinstance(paths, dict) and bool(paths.get("kernel"))
+        if self.driver == "bhyve":
+            if self.firmware == "uefi":
+                images.require_boot(image, "uefi", f"{where}: bhyve with firmware = \"uefi\"")
+        elif self.boot == "kernel" or (self.boot == "auto" and has_kernel):
+            images.require_boot(image, "kernel", f"{where}: QEMU direct kernel boot")
+        else:
+            images.require_boot(image, "bios", f"{where}: QEMU booting the disk by SeaBIOS")
+
     def _kernel_boot(self, image: ImageRef) -> dict[str, str] | None:
         """kernel/initrd/cmdline for direct kernel boot, from the image manifest or beside the image."""
         if self.driver != "qemu" or self.boot == "disk":
@@ -944,6 +958,7 @@ class LibvirtBackend:
             "nic": NicModel(spec.nic).value, "mac": (spec.mac or mac_for(spec.name)).lower(),
             "bridge": self.bridge, "network": self.settings.get("network", ""),
         }
+        self.require_boot(spec.image)
         if self.driver == "bhyve":
             short = vm_uuid.replace("-", "")[:8]
             ctx.update(firmware=self.firmware, loader=self.settings.get("loader", BHYVE_UEFI),

@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from lab import IMAGES_DIR, proc, runlock
+from lab import IMAGES_DIR, images, proc, runlock
 from lab.backends import register
 from lab.config import backend_nic_models
 from lab.errors import BackendError, LabError, TeardownError, UsageError
@@ -351,9 +351,7 @@ class LocalBackend:
 
 def boot_files(image: ImageRef) -> tuple[Path, Path, str]:
     m = image.manifest
-    if m.get("boot") == "disk":  # the ISO-installed images (images/README.md): no kernel to boot directly
-        raise UsageError(f"image {image.name!r} boots from its disk: the local backend boots images by direct "
-                         f"kernel boot only", hint="run it on a libvirt or proxmox host")
+    images.require_boot(image, "kernel", "the local backend")
     base = image.path.parent
     paths = m.get("paths", {})
     kernel = base / paths.get("kernel", f"{image.name}/vmlinuz")

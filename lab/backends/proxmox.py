@@ -75,7 +75,7 @@ from pathlib import Path
 from typing import Any, Callable
 from urllib.parse import quote, urlsplit
 
-from lab import proc
+from lab import images, proc
 from lab.backends import register
 from lab.errors import (AuthError, BackendError, ConfigError, LabError, TeardownError, TimeoutError_,
                         UnreachableError, UsageError)
@@ -562,6 +562,7 @@ class ProxmoxBackend:
         """Make `image` a PVE template on `node` (upload + import-from + template) and return its
         name. A template of that name made from the same image (sha256) is reused; older ones of
         the same name are removed when nothing is cloned from them any more."""
+        images.require_boot(image, "bios", f"a Proxmox VE template on {self.host} boots its disk by SeaBIOS")
         self.check()
         name = self._template_name(image)
         if name.isdigit():

@@ -53,6 +53,46 @@ podman run --rm --runtime=runc --network=host "$base_image" true
 podman run --rm "$base_image" true  # the default bridge network: netavark + iptables work
 up "containers done"
 
+# --- bootloader: GRUB for BIOS (SeaBIOS, PVE's default) and UEFI (OVMF, bhyve) -------------------
+# The local backend boots by direct kernel boot; everything else boots the disk by firmware.
+# LAB_BOOT_CMDLINE (from lab/images.py via Packer) is the kernel command line GRUB passes; empty on
+# the proxmox-iso source, whose installer set up its own bootloader. The disk (lab/images.py):
+# GPT, partition 1 BIOS boot (GRUB's core.img), 2 the EFI system partition, 3 root (LABEL=labroot).
+if [ -n "${LAB_BOOT_CMDLINE:-}" ]; then
+    up "bootloader"
+    rootdev=$(findmnt -n -o SOURCE /)
+    disk=/dev/$(lsblk -n -d -o PKNAME "$rootdev")
+    esp=$(lsblk -n -p -l -o NAME,PARTLABEL "$disk" | awk '$2 == "esp" { print $1 }')
+    if ! [ -b "$disk" ] || ! [ -b "$esp" ]; then echo "bootloader: no disk/ESP ($disk, $esp)" >&2; exit 1; fi
+    mkfs.fat -F 32 -n LAB-ESP "$esp" >/dev/null
+    mkdir -p /boot/efi
+    mount "$esp" /boot/efi
+    grub-install --target=i386-pc --boot-directory=/boot "$disk"
+    # --removable: EFI/BOOT/BOOTX64.EFI, found by any firmware without NVRAM boot entries
+    # (clones, bhyve's read-only BHYVE_UEFI.fd, PVE without an efidisk).
+    grub-install --target=x86_64-efi --efi-directory=/boot/efi --boot-directory=/boot --removable --no-nvram
+    test -s /boot/efi/EFI/BOOT/BOOTX64.EFI
+    umount /boot/efi
+    rmdir /boot/efi
+    kver=$(uname -r)
+    # A fixed config, not grub-mkconfig (os-prober, /etc/default/grub): one entry, serial + screen.
+    cat > /boot/grub/grub.cfg <<GRUBCFG
+# lab golden image: written by packer/scripts/provision-debian.sh
+serial --unit=0 --speed=115200 --word=8 --parity=no --stop=1
+terminal_input serial console
+terminal_output serial console
+set timeout=1
+insmod part_gpt
+insmod ext2
+search --no-floppy --label --set=root $LAB_ROOT_LABEL
+menuentry 'Debian 12 lab ($kver)' {
+    linux /boot/vmlinuz-$kver console=tty0 $LAB_BOOT_CMDLINE
+    initrd /boot/initrd.img-$kver
+}
+GRUBCFG
+    test -s "/boot/vmlinuz-$kver" && test -s "/boot/initrd.img-$kver"
+fi
+
 # --- the version report --------------------------------------------------------------------------
 pkgver() { dpkg-query -W -f='${Version}' "$1" 2>/dev/null || echo ""; }
 first() { "$@" 2>&1 | head -n 1 | tr -d '\r"\\' ; }
@@ -76,7 +116,9 @@ kernels_json=$(for k in $kernels; do printf '"%s",' "$k"; done | sed 's/,$//')
     printf '    "conmon": "%s",\n' "$(first conmon --version)"
     printf '    "netavark": "%s",\n' "$(first /usr/lib/podman/netavark --version)"
     printf '    "hyperfine": "%s",\n' "$(first hyperfine --version)"
-    printf '    "openssh": "%s"\n' "$(first ssh -V)"
+    printf '    "openssh": "%s",\n' "$(first ssh -V)"
+    printf '    "grub": "%s",\n' "$(first grub-install --version)"
+    printf '    "qemu-ga": "%s"\n' "$(first qemu-ga --version)"
     printf '  },\n'
     printf '  "packages": {\n'
     printf '    "linux-image-amd64": "%s",\n' "$(pkgver linux-image-amd64)"
@@ -91,6 +133,8 @@ kernels_json=$(for k in $kernels; do printf '"%s",' "$k"; done | sed 's/,$//')
     printf '    "crun": "%s",\n' "$(pkgver crun)"
     printf '    "runc": "%s",\n' "$(pkgver runc)"
     printf '    "hyperfine": "%s",\n' "$(pkgver hyperfine)"
+    printf '    "qemu-guest-agent": "%s",\n' "$(pkgver qemu-guest-agent)"
+    printf '    "grub-efi-amd64-bin": "%s",\n' "$(pkgver grub-efi-amd64-bin)"
     printf '    "systemd": "%s"\n' "$(pkgver systemd)"
     printf '  },\n'
     printf '  "nginx_cert_sha256": "%s",\n' "$(openssl x509 -in /etc/nginx/lab.crt -noout -fingerprint -sha256 | cut -d= -f2)"

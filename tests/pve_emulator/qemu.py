@@ -1,37 +1,41 @@
 """Real QEMU guests behind the emulator's VMs, so a lab run against the emulator measures real guests.
 
 The "node" is a network namespace the test made, holding the bridge (`vmbr0`) that net0 names; every
-started VM is a QEMU of the golden image in that namespace, with a tap on the bridge. QEMU is built
-and stopped with lab.backends.local's own helpers (qemu_argv, boot_files, stop_process), so the
-guests are exactly what the local backend boots.
+started VM is a QEMU of the golden image in that namespace, with a tap on the bridge, started the way
+PVE starts a template clone (`qm showcmd`, reduced):
 
-What the emulator translates, and why:
-- disks: a linked clone is a qcow2 overlay on the template's disk, a full clone a copy;
-- `ipconfig0` (cloud-init on real PVE): the golden image has no cloud-init; it configures eth0 from
-  `lab.ip=`/`lab.gw=` on the kernel command line, so the static address goes there. `ip=dhcp` gets an
-  address of the bridge's subnet the same way (the emulator plays the DHCP server);
-- the bootloader: the golden image is a bare filesystem booted by direct kernel boot; QEMU gets the
-  image's kernel and initrd (what a bootable template disk would carry itself);
-- the guest agent: the image has no qemu-guest-agent. network-get-interfaces answers "not running"
-  until the guest printed LAB-READY on its serial console, then returns what the real guest reports
-  (`ip -j addr`, asked once over SSH with the lab key, the stand-in for the agent's virtio channel);
-- `sshkeys` (cloud-init) is validated by the API but not applied: the image already trusts the lab key.
+- the bootloader: no direct kernel boot. SeaBIOS (or OVMF with `bios=ovmf`) boots the disk on
+  virtio-scsi (`scsi0`), GRUB the kernel, as on a real node;
+- `ipconfig0`/`sshkeys`/`ciuser` (cloud-init): a NoCloud ISO labelled `cidata` on `ide2`, made as PVE's
+  `PVE::QemuServer::Cloudinit` makes it (`genisoimage -R -V cidata`; network-config version 1,
+  user-data, meta-data). `ip=dhcp` is the one translation: the emulator plays the DHCP server and
+  writes the address it would have leased as a static one;
+- the guest agent: with `agent` enabled, a virtio-serial port `org.qemu.guest_agent.0` on a unix
+  socket; `network-get-interfaces` is asked of the real qemu-guest-agent in the guest (`guest_agent`).
+QEMU is stopped with lab.backends.local's own `stop_process`.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
+import shutil
+import socket
 import subprocess
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import unquote
 
-from lab import proc
-from lab.backends.local import READY_MARKER, boot_files, qemu_argv, stop_process
+from lab import images, proc
+from lab.backends.local import NIC_DEVICE, QEMU, disk_args, stop_process
 from lab.errors import LabError
-from lab.guest import Guest
-from lab.model import Accel, DiskBus, ImageRef, NicModel, VmSpec
+from lab.model import Accel, DiskBus, ImageRef, NicModel
+
+OVMF_CODE = Path("/usr/share/OVMF/OVMF_CODE_4M.fd")
+OVMF_VARS = Path("/usr/share/OVMF/OVMF_VARS_4M.fd")
 
 NET0 = re.compile(r"^(?P<model>[a-z0-9]+)=(?P<mac>[0-9A-Fa-f:]{17})")
 
@@ -80,27 +84,49 @@ class QemuBacking:
         m = NET0.match(str(config.get("net0", "")))
         if m is None:
             raise LabError(f"VM {vmid}: net0 {config.get('net0')!r} has no model=MAC")
+        uefi = str(config.get("bios", "seabios")) == "ovmf"
+        images.require_boot(self.image, "uefi" if uefi else "bios", f"PVE VM {vmid}")
         vcpus = int(config.get("cores", 1)) * int(config.get("sockets", 1))
         memory = int(str(config.get("memory", 512)).split("=")[-1])
         name = str(config.get("name") or f"vm-{vmid}")
-        spec = VmSpec(name=name, run_id="", cell_id="", image=self.image, nic=NicModel(m.group("model")),
-                      vcpus=vcpus, memory_mib=memory, disk_bus=DiskBus.SCSI, ip=ip, mac=m.group("mac").lower())
+        mac = m.group("mac").lower()
         vmdir = self.workdir / f"vm-{vmid}"
         vmdir.mkdir(parents=True, exist_ok=False)
-        (vmdir / "disk.qcow2").symlink_to(Path(disk).resolve())  # qemu_argv's disk path
+        files = nocloud_files(vmid, config, ip=ip, prefix=prefix, gateway=gateway)
+        (vmdir / "cidata").mkdir()
+        for fname, text in files.items():
+            (vmdir / "cidata" / fname).write_text(text)
+        proc.run(["genisoimage", "-quiet", "-R", "-V", "cidata", "-o", vmdir / "cidata.iso", vmdir / "cidata"],
+                 timeout=60, what="genisoimage (cloud-init drive)")
+        shutil.rmtree(vmdir / "cidata")
+        argv = [QEMU, "-name", f"{name},process={name}", "-machine", f"pc,accel={self.accel.value}",
+                "-nodefaults", "-no-user-config", "-display", "none",
+                "-smp", str(vcpus), "-m", str(memory),
+                *disk_args(DiskBus.SCSI, Path(disk).resolve()),
+                "-drive", f"file={vmdir / 'cidata.iso'},if=ide,index=2,media=cdrom,format=raw,readonly=on",
+                "-netdev", f"tap,id=n0,ifname=pvetap{vmid},script=no,downscript=no",
+                "-device", f"{NIC_DEVICE[NicModel(m.group('model'))]},netdev=n0,mac={mac},romfile=",
+                "-serial", f"file:{vmdir / 'console.log'}",
+                "-pidfile", str(vmdir / "qemu.pid")]
+        if uefi:
+            shutil.copyfile(OVMF_VARS, vmdir / "efivars.fd")
+            argv += ["-drive", f"if=pflash,format=raw,unit=0,readonly=on,file={OVMF_CODE}",
+                     "-drive", f"if=pflash,format=raw,unit=1,file={vmdir / 'efivars.fd'}"]
+        if _enabled(config.get("agent", "0")):
+            argv += ["-chardev", f"socket,id=qga0,path={vmdir / 'qga.sock'},server=on,wait=off",
+                     "-device", "virtio-serial-pci", "-device", "virtserialport,chardev=qga0,name=org.qemu.guest_agent.0"]
+        if self.accel is Accel.KVM:
+            argv += ["-cpu", "host"]
         tap = f"pvetap{vmid}"
         proc.run(["ip", "-n", self.netns, "tuntap", "add", tap, "mode", "tap"], what="tap add")
         try:
             proc.run(["ip", "-n", self.netns, "link", "set", tap, "master", self.bridge, "up"], what="tap up")
-            kernel, initrd, cmdline = boot_files(self.image)
-            argv = qemu_argv(spec, accel=self.accel, vmdir=vmdir, kernel=kernel, initrd=initrd, cmdline=cmdline,
-                             tap=tap, gateway=gateway, prefix=prefix)
             with open(vmdir / "qemu.log", "wb") as log:
                 p = proc.spawn(argv, netns=self.netns, stdout=log, stderr=subprocess.STDOUT)
         except BaseException:
             proc.run(["ip", "-n", self.netns, "link", "del", tap], check=False)
             raise
-        return QemuGuest(vmid, name, p, tap, vmdir, spec.mac, ip)
+        return QemuGuest(vmid, name, p, tap, vmdir, mac, ip)
 
     def stop(self, guest: QemuGuest) -> None:
         stop_process(guest.process)
@@ -110,33 +136,65 @@ class QemuBacking:
         guest.vmdir.rmdir()
 
     def interfaces(self, guest: QemuGuest) -> list[dict] | None:
-        """The guest agent's network-get-interfaces answer from the real guest; None while it boots."""
+        """The real guest agent's guest-network-get-interfaces; None while it is not up."""
         with guest.lock:
-            if guest.interfaces is not None:
-                return guest.interfaces
-            try:
-                if guest.process.poll() is not None or READY_MARKER not in guest.console.read_bytes():
-                    return None
-            except FileNotFoundError:
+            if guest.process.poll() is not None or not (guest.vmdir / "qga.sock").exists():
                 return None
-            with Guest(guest.ip, key=self.key, netns=self.netns) as ssh:
-                try:
-                    out = ssh.run("ip -j addr show", timeout=20).stdout
-                except LabError:
-                    return None  # sshd not answering yet: the "agent" is not up yet
-            guest.interfaces = agent_interfaces(json.loads(out))
-            return guest.interfaces
+            answer = guest_agent(guest.vmdir / "qga.sock", "guest-network-get-interfaces", timeout=5)
+            return None if answer is None else answer.get("return")
 
 
-def agent_interfaces(ip_json: list[dict]) -> list[dict]:
-    """`ip -j addr show` -> qemu-guest-agent's guest-network-get-interfaces result."""
-    out = []
-    for link in ip_json:
-        addrs = [{"ip-address": a["local"], "ip-address-type": "ipv4" if a.get("family") == "inet" else "ipv6",
-                  "prefix": int(a.get("prefixlen", 0))}
-                 for a in link.get("addr_info", []) if a.get("family") in ("inet", "inet6")]
-        out.append({"name": link.get("ifname", ""), "hardware-address": link.get("address", ""),
-                    "ip-addresses": addrs,
-                    "statistics": {"rx-bytes": 0, "rx-packets": 0, "rx-errs": 0, "rx-dropped": 0,
-                                   "tx-bytes": 0, "tx-packets": 0, "tx-errs": 0, "tx-dropped": 0}})
-    return out
+def _enabled(value: object) -> bool:
+    first = str(value).split(",")[0]
+    first = first.split("=", 1)[1] if first.startswith("enabled=") else first
+    return first.lower() in ("1", "on", "yes", "true")
+
+
+def nocloud_files(vmid: int, config: dict, *, ip: str, prefix: int, gateway: str) -> dict[str, str]:
+    """network-config, user-data and meta-data as PVE's Cloudinit.pm (nocloud) writes them for net0 /
+    ipconfig0 / ciuser / sshkeys; `ip`/`prefix`/`gateway` are ipconfig0's static address (or the
+    emulator's DHCP stand-in for ip=dhcp)."""
+    m = NET0.match(str(config.get("net0", "")))
+    mac = m.group("mac") if m else ""
+    net = ("version: 1\nconfig:\n"
+           f"    - type: physical\n      name: eth0\n      mac_address: {mac}\n      subnets:\n"
+           f"        - type: static\n          address: {ip}/{prefix}\n"
+           + (f"          gateway: {gateway}\n" if gateway else ""))
+    user = f"#cloud-config\nhostname: {config.get('name') or f'VM{vmid}'}\nmanage_etc_hosts: true\n"
+    ciuser = config.get("ciuser")
+    if ciuser:
+        user += f"user: {ciuser}\n" + ("disable_root: False\n" if ciuser == "root" else "")
+    keys = [k.strip() for k in unquote(str(config.get("sshkeys", ""))).split("\n") if k.strip()]
+    if keys:
+        user += "ssh_authorized_keys:\n" + "".join(f"  - {k}\n" for k in keys)
+    user += "chpasswd:\n  expire: False\n"
+    if ciuser != "root":
+        user += "users:\n  - default\n"
+    user += "package_upgrade: true\n"
+    meta = f"instance-id: {hashlib.sha1((user + net).encode()).hexdigest()}\n"
+    return {"network-config": net, "user-data": user, "meta-data": meta}
+
+
+def guest_agent(sock_path: Path, command: str, *, timeout: float = 10.0) -> dict | None:
+    """One QEMU guest agent command on its virtio-serial unix socket, after a guest-sync handshake
+    (answers left over from an earlier, timed-out exchange are skipped). None if the agent does
+    not answer within `timeout`."""
+    sync = time.monotonic_ns() % 2**31
+    try:
+        with socket.socket(socket.AF_UNIX) as s:
+            s.settimeout(timeout)
+            s.connect(str(sock_path))
+            f = s.makefile("rwb")
+            f.write(json.dumps({"execute": "guest-sync", "arguments": {"id": sync}}).encode() + b"\n")
+            f.flush()
+            while True:
+                line = f.readline()
+                if not line:
+                    return None  # the agent hung up
+                if json.loads(line).get("return") == sync:
+                    break
+            f.write(json.dumps({"execute": command}).encode() + b"\n")
+            f.flush()
+            return json.loads(f.readline())
+    except (OSError, ValueError):
+        return None
