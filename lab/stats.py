@@ -28,11 +28,18 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import stats as _st
 
 Values = Sequence[float] | np.ndarray  # a flat sequence of finite numbers
 
 DEFAULT_CONFIDENCE = 0.95
+def _scipy_stats():
+    """scipy.stats, imported on first use: it takes about 1 s, which every CLI call (and the
+    bad-input tests' hundreds of them) would otherwise pay before parsing an argument."""
+    from scipy import stats
+
+    return stats
+
+
 DEFAULT_N_RESAMPLES = 9999  # scipy's default; about 1-2 ms per CI at n = 10
 _PERMUTATION_RESAMPLES = 9999  # Mann-Whitney with ties at small n (exact when fewer distinct splits)
 _EXACT_MWU_MAX_CELLS = 10_000  # exact U distribution up to n_a * n_b = 100 x 100 (~15 ms)
@@ -134,7 +141,7 @@ def _percentile_ci(data: tuple[np.ndarray, ...], statistic: Callable[..., np.nda
     # Infinite resample ratios (a zero median in a resample) make scipy's standard-error
     # estimate compute inf - inf; the interval itself is fine, so silence only that.
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-        res = _st.bootstrap(
+        res = _scipy_stats().bootstrap(
             data,
             statistic,
             n_resamples=n_resamples,
@@ -257,10 +264,10 @@ def mann_whitney(a: Values, b: Values, *, seed: int = 0) -> float | None:
     if not ties and na * nb <= _EXACT_MWU_MAX_CELLS:
         method = "exact"
     elif ties and min(na, nb) < _ASYMPTOTIC_TIES_MIN_N:
-        method = _st.PermutationMethod(n_resamples=_PERMUTATION_RESAMPLES, rng=np.random.default_rng(seed))
+        method = _scipy_stats().PermutationMethod(n_resamples=_PERMUTATION_RESAMPLES, rng=np.random.default_rng(seed))
     else:
         method = "asymptotic"
-    res = _st.mannwhitneyu(xa, xb, alternative="two-sided", method=method)
+    res = _scipy_stats().mannwhitneyu(xa, xb, alternative="two-sided", method=method)
     return float(min(1.0, max(0.0, res.pvalue)))
 
 
