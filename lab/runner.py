@@ -34,7 +34,7 @@ from typing import Any, Protocol
 
 from lab import IMAGES_DIR, __version__, hostinfo, images, osfacts, plan, schedule, tuning, wan
 from lab.backends import backend_class
-from lab.config import LabConfig, host_settings
+from lab.config import LabConfig, host_settings, parse_offloads
 from lab.errors import LabError, TeardownError, VerificationError
 from lab.guest import Guest
 from lab.model import CellStatus, RawOutput, Vm, VmSpec
@@ -417,8 +417,6 @@ def tune_network(ctx: RunContext, cell: plan.Cell, vm: Vm, guest: Guest, facts: 
     """The tune stage's network knobs, each read back into cell_facts["tuning"]: congestion control,
     offloads of the cell's NIC, netem. Returns the emulation to remove after the cell and the reason
     the cell is n/a ("" if every knob applied)."""
-    from lab.config import parse_offloads
-
     rec = cell_facts["tuning"]
     cc = tuning.apply_cc(guest, facts, cell.cc)
     rec["cc"] = {"asked": cell.cc, "effective": cc.effective}
