@@ -48,12 +48,13 @@ HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:  # the PVE emulator lives beside this file
     sys.path.insert(0, str(HERE))
 
+import libvirt_daemons  # noqa: E402
 from lab import IMAGES_DIR, proc  # noqa: E402
 from lab.backends import local  # noqa: E402
 from lab.wait import wait_until  # noqa: E402
 
 LAB = [sys.executable, "-m", "lab"]
-URI = "qemu:///system"
+URI = libvirt_daemons.URI
 SUITE = """
 workloads = ["sysbench-cpu"]
 repetitions = {reps}
@@ -479,23 +480,9 @@ def pve_lock_on_teardown(sc: Scenario, row: Row) -> None:
 
 # -- libvirt ---------------------------------------------------------------------------------------
 
-def libvirtd_running(row: Row) -> list[subprocess.Popen]:
-    """Start libvirtd (and virtlogd) if qemu:///system does not answer; the ones started."""
-    ok = lambda: proc.run(["virsh", "-c", URI, "version"], check=False, timeout=20).ok  # noqa: E731
-    if ok():
-        return []
-    started = []
-    if not Path("/run/libvirt/virtlogd-sock").exists():
-        started.append(proc.spawn(["virtlogd"]))
-        wait_until(lambda: Path("/run/libvirt/virtlogd-sock").exists(), timeout=30, what="virtlogd socket")
-    started.insert(0, proc.spawn(["libvirtd"]))
-    wait_until(ok, timeout=60, what="libvirtd to answer on qemu:///system", interval=0.3)
-    return started
-
-
 def libvirt_refuses_start(sc: Scenario, row: Row) -> None:
     t0 = time.monotonic()
-    daemons = libvirtd_running(row)
+    daemons = libvirt_daemons.ensure_running()
     row.notes.append(f"libvirtd ready in {time.monotonic() - t0:.0f} s")
     n = 100 + secrets.randbelow(100)
     bridge = f"labcbr{secrets.token_hex(3)}"
@@ -530,13 +517,7 @@ def libvirt_refuses_start(sc: Scenario, row: Row) -> None:
         gc_and_count(sc, row, set(), {run_id_of(sc.results) or "-"})
     finally:
         proc.run(["ip", "link", "del", bridge], check=False)
-        for d in daemons:
-            d.send_signal(signal.SIGTERM)
-            try:
-                d.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                d.kill()
-                d.wait()
+        libvirt_daemons.stop(daemons)
 
 
 FAULTS = {

@@ -1,0 +1,53 @@
+"""The daemons the qemu:///system tests and the chaos suite share (tests/libvirt_daemons.py): a
+socket file left by a virtlogd killed with -9 is not taken for a serving daemon (CI once failed
+every libvirt domain start on such a file: "Connection refused")."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+
+import pytest
+
+import libvirt_daemons
+
+
+def test_serving_tells_a_listener_from_a_stale_socket_file(tmp_path):
+    path = tmp_path / "sock"
+    assert not libvirt_daemons.serving(path)  # no file
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.bind(str(path))
+    s.listen(1)
+    try:
+        assert libvirt_daemons.serving(path)
+    finally:
+        s.close()
+    assert path.exists()  # what a daemon killed with -9 leaves behind
+    assert not libvirt_daemons.serving(path)
+
+
+@pytest.mark.xdist_group("libvirt-qemu-system")  # the worker that starts and stops libvirtd
+def test_a_stale_virtlogd_socket_is_replaced_by_a_serving_daemon():
+    if os.geteuid() != 0 or not shutil.which("virtlogd") or not shutil.which("libvirtd"):
+        pytest.skip("needs root and libvirt's daemons (make setup)")
+    if libvirt_daemons.serving(libvirt_daemons.VIRTLOGD_SOCK) or libvirt_daemons.serving(libvirt_daemons.LIBVIRTD_SOCK):
+        pytest.skip("libvirt's daemons already serve here: no stale socket to make")
+    sock = libvirt_daemons.VIRTLOGD_SOCK
+    sock.parent.mkdir(parents=True, exist_ok=True)
+    stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.unlink(missing_ok=True)
+    stale.bind(str(sock))
+    stale.close()
+    assert sock.exists() and not libvirt_daemons.serving(sock)
+
+    started = libvirt_daemons.ensure_running()
+    try:
+        assert [p.args[-1] for p in started] == ["libvirtd", "virtlogd"]
+        assert libvirt_daemons.serving(sock)
+        assert libvirt_daemons.libvirtd_answers()
+        assert libvirt_daemons.ensure_running() == []  # serving now: nothing more is started
+    finally:
+        libvirt_daemons.stop(started)
+    assert all(p.returncode is not None for p in started)
+    assert not libvirt_daemons.serving(sock)
