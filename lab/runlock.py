@@ -6,16 +6,22 @@ pid files to trust and no timeouts to guess."""
 from __future__ import annotations
 
 import fcntl
+import glob
 import os
 from pathlib import Path
 from typing import IO, Callable
 
-from lab.errors import LabError
+from lab.model import Owned
 from lab.wait import wait_until
 
 # Run locks of remote backends (libvirt, Proxmox) live on the orchestrating machine, like the
 # local backend's workdir: only this machine can tell whether its own runs are alive.
 RUN_LOCK_DIR = Path("/var/tmp/lab")
+
+
+def run_lock_path(results_dir: Path, run_id: str) -> Path:
+    """Held by `lab run` while it runs `run_id`, beside the results store it writes."""
+    return Path(results_dir) / f"run-{run_id}.lock"
 
 
 class RunLock:
@@ -25,30 +31,44 @@ class RunLock:
 
     def acquire(self, what: str, timeout: float = 10.0) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fh = open(self.path, "w")
+        got: list[IO[str]] = []
 
         def locked() -> bool:
+            fh = open(self.path, "a")
             try:
                 fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return True
-            except BlockingIOError:  # a `lab gc` may be testing the lock for a moment
+            except BlockingIOError:  # a live run; or a `lab gc` testing the lock for a moment
+                fh.close()
                 return False
+            if not _same_file(fh, self.path):  # its holder or gc removed it meanwhile: lock the new one
+                fh.close()
+                return False
+            got.append(fh)
+            return True
 
-        try:
-            wait_until(locked, timeout=timeout, what=what)
-        except LabError:
-            fh.close()
-            raise
+        wait_until(locked, timeout=timeout, what=what)
+        fh = got[0]
+        fh.truncate(0)
         fh.write(str(os.getpid()))
         fh.flush()
         self._fh = fh
 
     def release(self) -> None:
-        """Drop the lock and its file (idempotent)."""
+        """Drop the file, then the lock (idempotent). Unlinked while still held: whoever waits on
+        the old file then finds it gone and locks a new one, never a file nobody can see."""
         if self._fh is not None:
+            self.path.unlink(missing_ok=True)
             self._fh.close()
             self._fh = None
-        self.path.unlink(missing_ok=True)
+
+
+def _same_file(fh: IO[str], path: Path) -> bool:
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return False
+    fst = os.fstat(fh.fileno())
+    return (st.st_dev, st.st_ino) == (fst.st_dev, fst.st_ino)
 
 
 def held(path: Path) -> bool | None:
@@ -65,6 +85,25 @@ def held(path: Path) -> bool | None:
             return True
         fcntl.flock(fh, fcntl.LOCK_UN)
     return False
+
+
+def remove_if_dead(path: Path) -> bool:
+    """Remove the lock file of a run that died without cleaning up (nobody holds it); True if
+    removed. It is unlinked while this process holds it, so a `lab run --resume` racing the
+    removal locks a fresh file (RunLock.acquire checks), never the removed one."""
+    try:
+        fh = open(path)
+    except FileNotFoundError:
+        return False
+    with fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        if not _same_file(fh, Path(path)):
+            return False
+        Path(path).unlink()
+        return True
 
 
 class RunLocks:
@@ -85,6 +124,15 @@ class RunLocks:
         lock = self._held.pop(run_id, None)
         if lock is not None:
             lock.release()
+
+    def owned(self, backend: str) -> list[Owned]:
+        """The lock files of this machine's runs on this host, as `lab gc` items: a run killed
+        with -9 leaves its file behind."""
+        example = self.path_of("")
+        prefix = example.name.removesuffix(".lock")
+        return [Owned(backend=backend, kind="lock", name=p.name, run_id=p.name[len(prefix):-len(".lock")],
+                      detail=str(p))
+                for p in sorted(example.parent.glob(f"{glob.escape(prefix)}*.lock"))]
 
     def live(self, run_id: str) -> bool | None:
         """True/False for runs orchestrated from this machine (their lock here is held or not);

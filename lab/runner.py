@@ -38,7 +38,7 @@ from lab.config import LabConfig, host_settings, parse_offloads
 from lab.errors import LabError, TeardownError, VerificationError
 from lab.guest import Guest
 from lab.model import CellStatus, RawOutput, Vm, VmSpec
-from lab.runlock import RunLock
+from lab.runlock import RunLock, run_lock_path
 from lab.store import Store
 from lab.workloads import WorkloadContext, load_all
 
@@ -179,11 +179,6 @@ def run_lab(cfg: LabConfig, store: Store, reporter: Reporter | None = None, *, r
                            todo if resume else None)
     finally:
         run_lock.release()
-
-
-def run_lock_path(results_dir: Path, run_id: str) -> Path:
-    """Held by `lab run` while it runs `run_id`, beside the results store it writes."""
-    return Path(results_dir) / f"run-{run_id}.lock"
 
 
 def _run_locked(cfg: LabConfig, store: Store, reporter: Reporter, run_id: str, seed: int, cells, imgs, backends,

@@ -19,9 +19,9 @@ the moment; the local backend boots the golden image under QEMU):
 After each: `lab gc` (the CLI), then the count: the exit status and message of the run (one line,
 no traceback; a run killed with -9 must read "failed" with its one-line reason after gc),
 leftovers (QEMU processes of the scenario's workdir, its namespaces, taps in them or on its
-bridge, VM directories and disks, libvirt domains and disk files, the emulator's VMs), and
-samples lost: every sample in the store at the moment of the fault must be there afterwards,
-and the store must pass `PRAGMA integrity_check`.
+bridge, VM directories and disks, libvirt domains and disk files, the emulator's VMs, run lock
+files), and samples lost: every sample in the store at the moment of the fault must be there
+afterwards, and the store must pass `PRAGMA integrity_check`.
 
 Prints a table and totals; exits 1 on any leak, lost sample, fault not injected or unclear error.
 """
@@ -51,6 +51,7 @@ if str(HERE) not in sys.path:  # the PVE emulator lives beside this file
 import libvirt_daemons  # noqa: E402
 from lab import IMAGES_DIR, proc  # noqa: E402
 from lab.backends import local  # noqa: E402
+from lab.runlock import RUN_LOCK_DIR  # noqa: E402
 from lab.wait import wait_until  # noqa: E402
 
 LAB = [sys.executable, "-m", "lab"]
@@ -219,6 +220,10 @@ class Scenario:
                 out += [f"libvirt file {p.name}" for p in self.libvirt_dir.iterdir()]
         if self.emulator is not None:
             out += [f"PVE VM {vmid}" for vmid in self.emulator.vm_ids()]
+        # run locks: beside the store, in the local workdir, and those of remote backends
+        out += [f"lock {p}" for p in sorted(self.results.glob("run-*.lock"))]
+        out += [f"lock {p}" for p in sorted(self.workdir.glob("*.lock"))]
+        out += [f"lock {p}" for r in sorted(run_ids) for p in sorted(RUN_LOCK_DIR.glob(f"*@{r}.lock"))]
         return out
 
     def close(self) -> None:

@@ -103,10 +103,12 @@ def test_sigkill_mid_boot_then_gc_leaves_nothing(golden, workdir, tmp_path):
     assert any("qemu" in x for x in leftovers(workdir, run_id))
     store = Store(tmp_path / "results")
     assert [l["vm_name"] for l in store.open_leases()] == [vm_name]
+    assert [p.name for p in (tmp_path / "results").glob("*.lock")] == [f"run-{run_id}.lock"]
     res = run_lab_cli("gc", "-c", str(cfg), timeout=120)
     assert res.returncode == 0, res.stderr
     assert f"removed local vm {vm_name}" in res.stdout
     assert leftovers(workdir, run_id) == []
+    assert list((tmp_path / "results").glob("*.lock")) == []  # the killed run's lock beside the store too
     assert store.open_leases() == []
     # gc is idempotent
     res = run_lab_cli("gc", "-c", str(cfg), timeout=120)

@@ -72,8 +72,12 @@ def test_full_lifecycle(pve):
     assert vm.address == "10.0.0.5" and vm.facts["address_source"] == "agent"
 
     owned = b.list_owned()
-    assert [(o.name, o.run_id, o.expires_at, o.detail) for o in owned] == \
-        [("lab-r1-c1", "r1", 1_900_000_000.0, f"pve1/{vmid}")]
+    assert [(o.kind, o.name, o.run_id, o.expires_at, o.detail) for o in owned if o.kind == "vm"] == \
+        [("vm", "lab-r1-c1", "r1", 1_900_000_000.0, f"pve1/{vmid}")]
+    # and the run's lock on this machine, which a run killed with -9 leaves for `lab gc`
+    assert [(o.kind, o.name, o.run_id) for o in owned if o.kind != "vm"] == [("lock", "proxmox-pve1@r1.lock", "r1")]
+    b.remove_owned(owned[-1])  # gc never removes the lock of a live run
+    assert b.run_is_live("r1") is True
 
     b.destroy(vm)
     assert pve.vm_ids() == [] and pve.vm_ids(include_templates=True) == [TEMPLATE_VMID]

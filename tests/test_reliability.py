@@ -6,12 +6,14 @@ import json
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
-from lab import config, gc
-from lab.errors import UsageError
+from lab import config, gc, runlock
+from lab.errors import TeardownError, UsageError
 from lab.model import Owned
+from lab.runlock import RunLock, RunLocks, run_lock_path
 from lab.runner import _resumable
 from lab.store import Store
 from lab.wait import wait_until
@@ -144,9 +146,6 @@ def test_gc_removes_remote_vms_of_a_dead_run_of_this_store_before_expiry(tmp_pat
     """Found by the chaos suite (pve-lock-on-teardown): a VM whose teardown failed outlives its
     run; the run dropped its backend lock when it ended, so gc could not tell and kept the VM
     until its lease expired (2 h). The run lock beside the store says the run is over."""
-    from lab.runlock import RunLock
-    from lab.runner import run_lock_path
-
     cfg = config.LabConfig.model_validate({"lab": {"results": str(tmp_path)}})
     store = _store_with_run(tmp_path, "dead")
     _store_with_run(tmp_path, "alive").close()
@@ -166,3 +165,87 @@ def test_gc_removes_remote_vms_of_a_dead_run_of_this_store_before_expiry(tmp_pat
         assert store.run("alive").status == "running" and store.cells("alive")[0].status == "running"
     finally:
         lock.release()
+
+
+def test_a_waiter_never_holds_a_lock_file_its_holder_removed(tmp_path):
+    """The run's lock is unlinked by its holder (release) or by gc (remove_if_dead) while held;
+    a `lab run --resume` waiting on the old file must end up holding the file at the path."""
+    import os
+    import threading
+
+    path = tmp_path / "run-x.lock"
+    first, second = RunLock(path), RunLock(path)
+    first.acquire("first")
+    waiter = threading.Thread(target=second.acquire, args=("second",), kwargs={"timeout": 10})
+    waiter.start()
+    time.sleep(0.3)  # the waiter has opened the old file and retries its flock
+    first.release()
+    waiter.join(15)
+    try:
+        assert not waiter.is_alive()
+        assert runlock.held(path) is True
+        assert os.fstat(second._fh.fileno()).st_ino == path.stat().st_ino
+    finally:
+        second.release()
+    assert runlock.held(path) is None
+
+
+def test_remove_if_dead_spares_a_held_lock(tmp_path):
+    path = tmp_path / "run-x.lock"
+    assert runlock.remove_if_dead(path) is False  # no file
+    lock = RunLock(path)
+    lock.acquire("test")
+    try:
+        assert runlock.remove_if_dead(path) is False and path.exists()
+    finally:
+        lock.release()
+    path.write_text("12345")  # what `lab run` killed with -9 leaves
+    assert runlock.remove_if_dead(path) is True and not path.exists()
+
+
+def test_gc_removes_run_locks_of_dead_runs_once_nothing_else_of_theirs_remains(tmp_path):
+    """A run killed with -9 leaves lock files beside the store and, for remote backends, in
+    RUN_LOCK_DIR. gc removes them, but not while the run still has an item it could not remove:
+    the file is what tells the next gc that the run is dead."""
+    cfg = config.LabConfig.model_validate({"lab": {"results": str(tmp_path / "results")}})
+    for run_id in ("gone", "stuck"):
+        _store_with_run(cfg.results_dir, run_id).close()
+        run_lock_path(cfg.results_dir, run_id).write_text("1")
+    locks = RunLocks(lambda run_id: tmp_path / "locks" / f"remote-h@{run_id}.lock")
+    (tmp_path / "locks").mkdir()
+    for run_id in ("gone", "stuck"):
+        locks.path_of(run_id).write_text("1")
+    live = RunLock(locks.path_of("alive"))
+    live.acquire("test")
+
+    class Stuck(_Remote):
+        def run_is_live(self, run_id):
+            return locks.live(run_id)
+
+        def list_owned(self):
+            return self.items + locks.owned(self.name)
+
+        def remove_owned(self, item):
+            if item.kind == "lock":
+                runlock.remove_if_dead(Path(item.detail))
+            elif item.run_id == "stuck":
+                raise TeardownError("VM is locked (backup)")
+            super().remove_owned(item)
+
+    try:
+        later = time.time() + 3600
+        b = Stuck([Owned("remote", "vm", "lab-gone-c01", "gone", later), Owned("remote", "vm", "lab-stuck-c01", "stuck", later)])
+        b.name = "remote"
+        report = gc.collect(cfg, backends={"h": b})
+        assert b.removed == ["lab-gone-c01", "remote-h@gone.lock"], report.lines
+        assert not locks.path_of("gone").exists() and not run_lock_path(cfg.results_dir, "gone").exists()
+        assert f"removed {run_lock_path(cfg.results_dir, 'gone')}" in report.lines
+        # the stuck run's VM could not go: its locks stay, so the next gc still knows it is dead
+        assert locks.path_of("stuck").exists() and run_lock_path(cfg.results_dir, "stuck").exists()
+        assert "keep   h lock remote-h@stuck.lock (run stuck still has items here)" in report.lines
+        assert any("lab-stuck-c01" in e for e in report.errors)
+        # the live run's lock is never touched
+        assert "keep   h lock remote-h@alive.lock (run alive is live)" in report.lines
+        assert runlock.held(locks.path_of("alive")) is True
+    finally:
+        live.release()

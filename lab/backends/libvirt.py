@@ -1350,12 +1350,7 @@ class LibvirtBackend:
                              detail=json.dumps({k: lease.get(k, "") for k in ("disk", "console", "host", "cell")},
                                                sort_keys=True)))
         out += [o for o in self._orphan_disks() if o.detail not in referenced]
-        # run locks on this machine: a run killed with -9 leaves its file behind
-        prefix = self._run_lock_path("").name.removesuffix(".lock")
-        for lock in sorted(RUN_LOCK_DIR.glob(f"{prefix}*.lock")):
-            out.append(Owned(backend=self.name, kind="lock", name=lock.name,
-                             run_id=lock.name[len(prefix):-len(".lock")], detail=str(lock)))
-        return out
+        return out + self._run_locks.owned(self.name)
 
     def _orphan_disks(self, min_age: float = 600.0) -> list[Owned]:
         """Disk clones whose domain is gone (a crash between clone and define)."""
@@ -1393,8 +1388,7 @@ class LibvirtBackend:
             self._remove_disk(item.detail)
             return
         if item.kind == "lock":
-            if runlock.held(Path(item.detail)) is False:  # never the lock of a live run
-                Path(item.detail).unlink(missing_ok=True)
+            runlock.remove_if_dead(Path(item.detail))  # never the lock of a live run
             return
         if item.kind != "vm":
             raise UsageError(f"libvirt backend does not own {item.kind!r} items")

@@ -177,7 +177,6 @@ class LocalBackend:
             if self._run_lock is not None:
                 self._run_lock.release()
                 self._run_lock = None
-            (self.workdir / f"{ns}.lock").unlink(missing_ok=True)
 
     # -- per VM ---------------------------------------------------------------------------------
     def clone(self, image: ImageRef, spec: VmSpec) -> Vm:
@@ -344,7 +343,7 @@ class LocalBackend:
             kill_pid(int(item.detail), item.name)
         elif item.kind == "netns":
             remove_netns(item.name)
-            (self.workdir / f"{item.name}.lock").unlink(missing_ok=True)
+            runlock.remove_if_dead(self.workdir / f"{item.name}.lock")
 
 
 # -- helpers (module level so `lab gc`, tests and the benchmark share them) ------------------------

@@ -75,7 +75,7 @@ from pathlib import Path
 from typing import Any, Callable
 from urllib.parse import quote, urlsplit
 
-from lab import images, proc
+from lab import images, proc, runlock
 from lab.backends import register
 from lab.errors import (AuthError, BackendError, ConfigError, LabError, TeardownError, TimeoutError_,
                         UnreachableError, UsageError)
@@ -545,9 +545,12 @@ class ProxmoxBackend:
                                run_id=meta.get("lab-run-id", ""),
                                expires_at=float(meta.get("lab-expires", 0) or 0),
                                detail=f"{r['node']}/{r['vmid']}"))
-        return owned
+        return owned + self._run_locks.owned(self.name)  # a run killed with -9 leaves its lock file
 
     def remove_owned(self, item: Owned) -> None:
+        if item.kind == "lock":
+            runlock.remove_if_dead(Path(item.detail))  # never the lock of a live run
+            return
         node, _, vmid = item.detail.partition("/")
         try:
             self._destroy_vmid(int(vmid), node, item.name)
