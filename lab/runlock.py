@@ -8,8 +8,9 @@ from __future__ import annotations
 import fcntl
 import glob
 import os
+from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, Callable
+from typing import IO, Callable, Iterator
 
 from lab.model import Owned
 from lab.wait import wait_until
@@ -60,6 +61,17 @@ class RunLock:
             self.path.unlink(missing_ok=True)
             self._fh.close()
             self._fh = None
+
+
+@contextmanager
+def exclusive(path: Path, what: str, timeout: float) -> Iterator[None]:
+    """A mutex between the processes of this machine for the block: an flock on `path`."""
+    lock = RunLock(path)
+    lock.acquire(what=what, timeout=timeout)
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 def _same_file(fh: IO[str], path: Path) -> bool:

@@ -294,6 +294,33 @@ def test_address_pool_hands_out_and_takes_back(pve):
     no_leftovers(pve)
 
 
+def test_two_runs_with_one_address_pool_never_share_an_address(pve):
+    """Two `lab run`s (two backend objects: no shared memory) cloning at once from one pool: each
+    sees the other's addresses in the cluster's ipconfig0, and the address lock on this machine
+    keeps them from choosing at the same moment."""
+    settings = backend_settings(pve, addresses="10.0.0.50-10.0.0.52", gateway="10.0.0.1")
+    runs = [ProxmoxBackend("pve1", settings), ProxmoxBackend("pve1", settings)]
+    vms, errors = [], []
+
+    def clone(b, name):
+        try:
+            vms.append(b.clone(spec().image, spec(name=name, run_id=name.split("-")[1])))
+        except BackendError as exc:
+            errors.append(str(exc))
+    threads = [threading.Thread(target=clone, args=(b, f"lab-{r}-c{i}")) for i in (1, 2) for r, b in
+               zip(("ra", "rb"), runs)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    addresses = sorted(pve.vm(v.handle["vmid"]).config["ipconfig0"] for v in vms)
+    assert addresses == [f"ip=10.0.0.{n}/24,gw=10.0.0.1" for n in (50, 51, 52)], (addresses, errors)
+    assert len(errors) == 1 and "every address of `addresses` is in use (3, 3 by lab VMs on the cluster)" in errors[0]
+    for v in vms:
+        runs[0].destroy(v)
+    no_leftovers(pve)
+
+
 @pytest.fixture
 def netns():
     name = f"pvetest-arp-{threading.get_native_id()}"

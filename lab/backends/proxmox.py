@@ -24,7 +24,8 @@ Settings (one `[hosts.<name>]` table of lab.toml, secrets already resolved by th
     ci_user        cloud-init user (default "lab")
     ssh_keys       public key(s) for cloud-init, a string or a list
     addresses      static guest addresses handed out per VM (cloud-init ipconfig0), a range
-                   "10.0.0.100-10.0.0.150" or a CIDR "10.0.0.96/27"; default "" = DHCP
+                   "10.0.0.100-10.0.0.150" or a CIDR "10.0.0.96/27"; default "" = DHCP. One
+                   in the ipconfig0 of any lab VM on the cluster is never handed out again
     gateway        IPv4 gateway for static addresses ("" = none)
     prefix_len     prefix length for static addresses (default 24; `subnet_prefix` is accepted too)
     client_address this machine's address as seen from the guests (default "")
@@ -63,6 +64,7 @@ template with `import-from=<volid>` (a token suffices); 7.2-8.2 upload it as `is
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import logging
 import re
@@ -523,15 +525,16 @@ class ProxmoxBackend:
         with self._reserved_lock:
             self._taken.discard(vm.handle.get("static_ip") or "")
 
-    def list_owned(self) -> list[Owned]:
+    def _lab_vms(self) -> list[tuple[dict, dict, dict[str, str]]]:
+        """(cluster resource, config, description fields) of every lab VM on the cluster, made by
+        whichever process or machine: tagged `lab`, or carrying a lab run id."""
         res = self._guard("GET /cluster/resources", lambda: self._api().cluster.resources.get(type="vm"))
-        owned = []
+        found = []
         for r in res:
             if r.get("type") != "qemu" or r.get("template"):
                 continue
             tags = re.split(r"[;, ]", str(r.get("tags") or ""))
-            name = str(r.get("name") or "")
-            if "lab" not in tags and not name.startswith("lab-"):
+            if "lab" not in tags and not str(r.get("name") or "").startswith("lab-"):
                 continue
             try:
                 cfg = self._guard(f"config of VM {r['vmid']}",
@@ -541,10 +544,14 @@ class ProxmoxBackend:
             meta = _parse_description(str(cfg.get("description") or ""))
             if "lab" not in re.split(r"[;, ]", str(cfg.get("tags") or "")) and "lab-run-id" not in meta:
                 continue  # a lab-like name alone is not ours
-            owned.append(Owned(backend=self.name, kind="vm", name=name or meta.get("lab-vm", ""),
-                               run_id=meta.get("lab-run-id", ""),
-                               expires_at=float(meta.get("lab-expires", 0) or 0),
-                               detail=f"{r['node']}/{r['vmid']}"))
+            found.append((r, cfg, meta))
+        return found
+
+    def list_owned(self) -> list[Owned]:
+        owned = [Owned(backend=self.name, kind="vm", name=str(r.get("name") or "") or meta.get("lab-vm", ""),
+                       run_id=meta.get("lab-run-id", ""), expires_at=float(meta.get("lab-expires", 0) or 0),
+                       detail=f"{r['node']}/{r['vmid']}")
+                 for r, _cfg, meta in self._lab_vms()]
         return owned + self._run_locks.owned(self.name)  # a run killed with -9 leaves its lock file
 
     def remove_owned(self, item: Owned) -> None:
@@ -755,17 +762,32 @@ class ProxmoxBackend:
         return node
 
     def _static_address(self, spec: VmSpec) -> str:
-        """The cell's address, else the next free one of `addresses`, else "" (DHCP)."""
+        """The cell's address, else the next free one of `addresses`, else "" (DHCP). Free means
+        neither taken by this process nor in the ipconfig0 of a lab VM on the cluster (another
+        `lab run`'s, from here or another machine); the caller holds the address lock until the
+        chosen one is in the VM's config."""
         if spec.ip:
             return spec.ip
+        if not self._pool:
+            return ""
+        in_use = {m.group(1) for _r, cfg, _meta in self._lab_vms()
+                  if (m := re.search(r"(?:^|,)ip=([0-9.]+)", str(cfg.get("ipconfig0") or "")))}
         with self._reserved_lock:
             for ip in self._pool:
-                if ip not in self._taken and ip not in (self.gateway, self.client_address):
+                if ip not in self._taken and ip not in in_use and ip not in (self.gateway, self.client_address):
                     self._taken.add(ip)
                     return ip
-        if self._pool:
-            raise BackendError(f"{self.host}: every address of `addresses` is in use ({len(self._pool)})")
-        return ""
+        raise BackendError(f"{self.host}: every address of `addresses` is in use ({len(self._pool)}, "
+                           f"{len(in_use)} by lab VMs on the cluster)")
+
+    def _address_lock(self, spec: VmSpec):
+        """Held from choosing a pool address until it is in the VM's config: two `lab run`s on this
+        machine never choose the same one (other machines are seen once their config is written)."""
+        if spec.ip or not self._pool:
+            return contextlib.nullcontext()
+        host = re.sub(r"[^A-Za-z0-9_.-]", "_", self.host)
+        return runlock.exclusive(RUN_LOCK_DIR / f"proxmox-{host}.addresses.lock", timeout=self.timeouts["config"],
+                                 what=f"the address lock of host {self.host!r}")
 
     def _candidate_vmid(self) -> int:
         """nextid is not a reservation: keep our own set so parallel workers of this process never
@@ -880,27 +902,28 @@ class ProxmoxBackend:
                                   "description": _description(spec)}
         if self.ssh_keys:
             params["sshkeys"] = quote("\n".join(self.ssh_keys), safe="")  # %20, never '+'
-        static = ""
-        ip = self._static_address(spec)
-        if ip:
-            vm.handle["static_ip"] = ip.split("/")[0]  # released by destroy, even if config fails
-            addr = ip if "/" in ip else f"{ip}/{self.prefix_len}"
-            try:
-                ipaddress.IPv4Interface(addr)
-            except ValueError:
-                raise UsageError(f"{self.host}: VM {spec.name}: bad static address {ip!r}") from None
-            static = addr.split("/")[0]
-            params["ipconfig0"] = f"ip={addr}" + (f",gw={self.gateway}" if self.gateway else "")
-        else:
-            params["ipconfig0"] = "ip=dhcp"
         if not self._release:
             self._release = str(self._guard("GET /version", lambda: self._api().version.get()).get("release", ""))
         if self._release and int(self._release.split(".")[0]) >= 8:
             params["ciupgrade"] = 0  # 8.x+: skip the first-boot package upgrade
-        deadline = time.monotonic() + self.timeouts["config"]
-        self._retrying(f"config of VM {vmid}",
-                       lambda: self._guard(f"config of VM {vmid}", lambda: api.config.put(**params)),
-                       deadline=deadline)
+        static = ""
+        with self._address_lock(spec):
+            ip = self._static_address(spec)
+            if ip:
+                vm.handle["static_ip"] = ip.split("/")[0]  # released by destroy, even if config fails
+                addr = ip if "/" in ip else f"{ip}/{self.prefix_len}"
+                try:
+                    ipaddress.IPv4Interface(addr)
+                except ValueError:
+                    raise UsageError(f"{self.host}: VM {spec.name}: bad static address {ip!r}") from None
+                static = addr.split("/")[0]
+                params["ipconfig0"] = f"ip={addr}" + (f",gw={self.gateway}" if self.gateway else "")
+            else:
+                params["ipconfig0"] = "ip=dhcp"
+            deadline = time.monotonic() + self.timeouts["config"]
+            self._retrying(f"config of VM {vmid}",
+                           lambda: self._guard(f"config of VM {vmid}", lambda: api.config.put(**params)),
+                           deadline=deadline)
         cfg = self._guard(f"config of VM {vmid}", lambda: api.config.get())
         m = MAC_RE.search(str(cfg.get("net0", "")))
         vm.handle["mac"] = m.group(1).lower() if m else spec.mac.lower()
