@@ -83,36 +83,37 @@ def _same_file(fh: IO[str], path: Path) -> bool:
     return (st.st_dev, st.st_ino) == (fst.st_dev, fst.st_ino)
 
 
-def held(path: Path) -> bool | None:
-    """True: a live process holds the lock. False: the file is there but nobody holds it (the run
-    died without cleaning up). None: no such file (the run finished, or another machine ran it)."""
+@contextmanager
+def _probe(path: Path) -> Iterator[tuple[bool | None, IO[str] | None]]:
+    """(None, None): no such file. (True, None): a live process holds it. (False, fh): nobody
+    did, and this process holds it through `fh` for the block."""
     try:
         fh = open(path)
     except FileNotFoundError:
-        return None
+        yield None, None
+        return
     with fh:
         try:
             fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            return True
-        fcntl.flock(fh, fcntl.LOCK_UN)
-    return False
+            yield True, None
+            return
+        yield False, fh
+
+
+def held(path: Path) -> bool | None:
+    """True: a live process holds the lock. False: the file is there but nobody holds it (the run
+    died without cleaning up). None: no such file (the run finished, or another machine ran it)."""
+    with _probe(path) as (state, _fh):
+        return state
 
 
 def remove_if_dead(path: Path) -> bool:
     """Remove the lock file of a run that died without cleaning up (nobody holds it); True if
     removed. It is unlinked while this process holds it, so a `lab run --resume` racing the
     removal locks a fresh file (RunLock.acquire checks), never the removed one."""
-    try:
-        fh = open(path)
-    except FileNotFoundError:
-        return False
-    with fh:
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return False
-        if not _same_file(fh, Path(path)):
+    with _probe(path) as (state, fh):
+        if state is not False or fh is None or not _same_file(fh, Path(path)):
             return False
         Path(path).unlink()
         return True
