@@ -14,9 +14,9 @@ import time
 from dataclasses import dataclass, field
 
 from lab import runlock
-from lab.runlock import run_lock_path
 from lab.config import LabConfig
 from lab.errors import LabError
+from lab.runlock import run_lock_path
 from lab.store import Store
 
 ORDER = {"vm": 0, "process": 0, "disk": 1, "tap": 2, "netns": 3, "lock": 4}
