@@ -19,8 +19,9 @@ from pathlib import Path
 
 import click
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 from lab import PACKER_DIR, __version__, config, images, plan, results, runner, wan
 from lab.errors import LabError, UsageError
@@ -51,16 +52,56 @@ def _duration(seconds: float) -> str:
 
 # -- progress ----------------------------------------------------------------------------------
 
+class Eta:
+    """Time left in a run: the plan's estimate until the first cell ends; then the pace of the
+    cells ended so far, less the time already spent on the cell under way (so it counts down
+    within a cell instead of restarting at each line)."""
+
+    def __init__(self, clock=time.monotonic):
+        self.clock = clock
+        self.start = self.last = clock()
+        self.total = self.done = 0
+        self.estimate = 0.0
+
+    def begin(self, total: int, estimate_s: float) -> None:
+        self.total, self.estimate = total, estimate_s
+
+    def cell_ended(self) -> None:
+        self.done += 1
+        self.last = self.clock()
+
+    def elapsed(self) -> float:
+        return self.clock() - self.start
+
+    def seconds(self) -> float:
+        now = self.clock()
+        if not self.done:
+            return max(self.estimate - (now - self.start), 0.0)
+        pace = (self.last - self.start) / self.done
+        return max(pace * (self.total - self.done) - (now - self.last), 0.0)
+
+
+class _EtaColumn(ProgressColumn):
+    def __init__(self, eta: Eta):
+        super().__init__()
+        self.eta = eta
+
+    def render(self, task):
+        return Text(f"ETA {_duration(self.eta.seconds())}", style="progress.remaining")
+
+
 class RichReporter:
     """Live progress on a terminal: a bar over cells (M/N, elapsed, ETA) and the current stage."""
 
     def __init__(self):
+        self.eta = Eta()
         self.progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                 TextColumn("cells"), TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
+                                 TextColumn("cells"), TimeElapsedColumn(), _EtaColumn(self.eta),
                                  TextColumn("{task.fields[stage]}"), console=err, transient=False)
         self.task = None
 
     def run_started(self, run_id, cells, estimate_s):
+        self.eta.begin(len(cells), estimate_s)
         err.print(f"run [bold]{run_id}[/]: {len(cells)} cells, estimated {_duration(estimate_s)}")
         self.progress.start()
         self.task = self.progress.add_task(run_id, total=len(cells), stage="")
@@ -72,6 +113,7 @@ class RichReporter:
         self.progress.update(self.task, stage=f"{cell.id} {stage} {detail}".rstrip())
 
     def cell_finished(self, cell, status, error):
+        self.eta.cell_ended()
         self.progress.advance(self.task)
         style = {"done": "green", "n/a": "yellow", "duplicate": "yellow"}.get(status, "red")
         self.progress.console.print(f"  {cell.id} {cell.label}: [{style}]{status}[/]" + (f" ({error})" if error else ""))
@@ -87,21 +129,14 @@ class PlainReporter:
     """Progress as plain lines (CI logs, pipes): cell, stage, elapsed, ETA."""
 
     def __init__(self):
-        self.start = time.monotonic()
-        self.done = 0
-        self.total = 0
-        self.estimate = 0.0
+        self.eta = Eta()
 
     def _line(self, text):
-        elapsed = time.monotonic() - self.start
-        if self.done:
-            eta = elapsed / self.done * (self.total - self.done)
-        else:
-            eta = max(self.estimate - elapsed, 0)
-        err.print(f"[{_duration(elapsed)} elapsed, ETA {_duration(eta)}] {text}", markup=False)
+        err.print(f"[{_duration(self.eta.elapsed())} elapsed, ETA {_duration(self.eta.seconds())}] {text}",
+                  markup=False)
 
     def run_started(self, run_id, cells, estimate_s):
-        self.total, self.estimate = len(cells), estimate_s
+        self.eta.begin(len(cells), estimate_s)
         self._line(f"run {run_id}: {len(cells)} cells, estimated {_duration(estimate_s)}")
 
     def cell_started(self, cell, position, total):
@@ -111,7 +146,7 @@ class PlainReporter:
         self._line(f"  {cell.id} {stage} {detail}".rstrip())
 
     def cell_finished(self, cell, status, error):
-        self.done += 1
+        self.eta.cell_ended()
         self._line(f"  {cell.id} {status}" + (f": {error}" if error else ""))
 
     def warn(self, message):

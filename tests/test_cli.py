@@ -120,3 +120,26 @@ def test_unknown_node_on_the_cli_is_exit_2_naming_the_key(tmp_path, pve):
     _one_line_exit_2(res, "hosts.pve1.nodes[1] = 'pve3': no such node in the cluster", "its nodes: pve1, pve2")
     assert TOKEN_SECRET not in res.stderr + res.stdout
     assert sorted(p.name for p in tmp_path.iterdir()) == ["lab.toml"]
+
+
+def test_eta_counts_down_within_a_cell_after_the_first_one_ends():
+    """Seen in `make run`: after cell 1 of 2 ended at 6m42s, the plain ETA read 7m01s at 7m01s and
+    11m18s at 11m18s (elapsed / done x left, growing with the cell under way)."""
+    from lab.cli import Eta
+
+    now = [0.0]
+    eta = Eta(clock=lambda: now[0])
+    eta.begin(total=2, estimate_s=600)
+    now[0] = 100
+    assert eta.seconds() == 500  # the plan's estimate until a cell ends
+    now[0] = 402
+    eta.cell_ended()  # cell 1 took 402 s
+    assert eta.seconds() == 402
+    now[0] = 421
+    assert eta.seconds() == 383  # counts down while cell 2 runs
+    now[0] = 678
+    assert eta.seconds() == 126 and eta.elapsed() == 678
+    now[0] = 900
+    assert eta.seconds() == 0  # late: never negative
+    eta.cell_ended()
+    assert eta.seconds() == 0
