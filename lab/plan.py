@@ -10,10 +10,12 @@ Besides the matrix cells a run can hold two kinds of extra cell ([suite] options
 from __future__ import annotations
 
 import itertools
+import json
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from lab.config import AXES, LabConfig
+from lab import osfacts, tuning
+from lab.config import AXES, BARE_METAL_BACKENDS, KNOWN_IMAGES, LabConfig, parse_offloads
 from lab.model import CloneKind, DiskBus, NicModel
 
 
@@ -115,10 +117,6 @@ def cells(cfg: LabConfig) -> list[Cell]:
 def units(cfg: LabConfig) -> list[Unit]:
     """Everything a run measures: the matrix cells, the A/A twin of the first one if
     [suite] noise_floor, and a bare-metal cell per host that can run one if [suite] bare_metal."""
-    from dataclasses import replace
-
-    from lab.config import BARE_METAL_BACKENDS
-
     out: list[Unit] = list(cells(cfg))
     last = max((c.index for c in out), default=0)
     if cfg.suite.noise_floor and out:
@@ -134,9 +132,6 @@ def static_signature(cfg: LabConfig, cell: Cell) -> tuple:
     the sysctls the profile sets, the congestion control in effect (the axis, else the profile's,
     else the OS's default), the offloads asked for and the netem parameters (a profile of zeros is
     no emulation). A cell whose knobs cannot apply keeps its own names (it is n/a, not a twin)."""
-    from lab import osfacts, tuning
-    from lab.config import KNOWN_IMAGES, parse_offloads
-
     facts = osfacts.facts(KNOWN_IMAGES[cell.image])
     machine = (cell.host, cell.image, cell.nic.value, cell.vcpus, cell.memory_mib, cell.disk_bus.value,
                cell.clone.value, cell.replica)
@@ -149,6 +144,15 @@ def static_signature(cfg: LabConfig, cell: Cell) -> tuple:
     wan = cfg.wan.get(cell.wan)
     wan_key = None if wan is None or wan.is_null else tuple(sorted(wan.model_dump().items()))
     return machine + (tuple(sorted(sysctls.items())), cc, tuple(sorted(parse_offloads(cell.offloads).items())), wan_key)
+
+
+def effective_signature(cell: Cell, in_effect: dict) -> str:
+    """Pure: a booted cell's machine and the tuning read back from its guest (`in_effect`: the
+    cell's "tuning" facts), never the names asked for. Two cells with the same signature ran the
+    same configuration; the later is a duplicate (found by read-back)."""
+    return json.dumps([cell.host, cell.image, cell.nic.value, cell.vcpus, cell.memory_mib, cell.disk_bus.value,
+                       cell.clone.value, cell.replica, in_effect["effective"], in_effect["cc"]["effective"],
+                       in_effect["offloads"]["effective"], in_effect["wan"].get("netem")], sort_keys=True, default=str)
 
 
 def equivalents(cfg: LabConfig, cells_: list[Unit]) -> dict[str, str]:

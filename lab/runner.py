@@ -92,9 +92,9 @@ def workload_params(cfg: LabConfig, name: str) -> dict[str, Any]:
 BOOT_ESTIMATE_S = 35.0  # TCG boot to SSH of the golden image, plus clone and teardown
 
 
-def estimate_seconds(cfg: LabConfig, cells: list[plan.Unit]) -> float:
+def estimate_seconds(cfg: LabConfig, cells: list[plan.Unit], dups: dict[str, str] | None = None) -> float:
     """Rough: boots + per workload (duration + overhead) x (repetitions + warm-ups). Adaptive
-    repetition counts its minimum (suite.repetitions)."""
+    repetition counts its minimum (suite.repetitions). `dups`: plan.equivalents, if known already."""
     suite = cfg.suite
     boots = len(plan.rounds(suite.repetitions, suite.repetitions_per_boot)) if suite.order == "interleaved" else 1
     per_rep = 0.0
@@ -104,7 +104,7 @@ def estimate_seconds(cfg: LabConfig, cells: list[plan.Unit]) -> float:
         est = getattr(wl, "estimate_seconds", None)
         per_rep += est(params) if est else float(params.get("time", params.get("duration", 10))) + 3
     total = 0.0
-    dups = plan.equivalents(cfg, cells)
+    dups = plan.equivalents(cfg, cells) if dups is None else dups
     for c in cells:
         if c.id in dups:
             continue  # recorded as a duplicate, never booted
@@ -207,10 +207,11 @@ def _run_locked(cfg: LabConfig, store: Store, reporter: Reporter, run_id: str, s
             reporter.warn(f"swept a leftover of an earlier run: {line.removeprefix('removed ')}")
     for e in swept.errors:
         reporter.warn(f"could not sweep: {e}")
-    ctx = RunContext(cfg, store, run_id, reporter, backends, duplicates=plan.equivalents(cfg, cells))
+    dups = plan.equivalents(cfg, cells)
+    ctx = RunContext(cfg, store, run_id, reporter, backends, duplicates=dups)
     interleaved = cfg.suite.order == "interleaved"
     n_rounds = len(plan.rounds(cfg.suite.repetitions, cfg.suite.repetitions_per_boot)) if interleaved else 1
-    reporter.run_started(run_id, ordered * n_rounds, estimate_seconds(cfg, ordered))
+    reporter.run_started(run_id, ordered * n_rounds, estimate_seconds(cfg, ordered, dups))
     status, error = "failed", None
     try:
         for host, backend in backends.items():
@@ -367,11 +368,7 @@ def run_cell(ctx: RunContext, cell: plan.Cell, image, position: int, total: int,
         if reason:
             status, error = CellStatus.NA, reason
             return status
-        t = cell_facts["tuning"]  # what is in effect, never the names asked for
-        sig = json.dumps([cell.host, cell.image, cell.nic.value, cell.vcpus, cell.memory_mib, cell.disk_bus.value,
-                          cell.clone.value, cell.replica, t["effective"], t["cc"]["effective"],
-                          t["offloads"]["effective"], t["wan"].get("netem")], sort_keys=True, default=str)
-        first = ctx.signatures.setdefault(sig, cell.id)
+        first = ctx.signatures.setdefault(plan.effective_signature(cell, cell_facts["tuning"]), cell.id)
         if first != cell.id:  # found by reading back: the guest is configured as an earlier cell was
             status = record_duplicate(ctx, cell, first, cell_facts, "read-back", finish=False)
             error = f"duplicate of {first} (same effective configuration, read back)"

@@ -6,6 +6,7 @@ was asked for; a profile with no template for the guest's OS is not applicable (
 
 from __future__ import annotations
 
+import re
 import shlex
 from dataclasses import dataclass, field
 
@@ -147,8 +148,6 @@ def parse_ethtool_k(text: str) -> dict[str, tuple[bool, bool]]:
 
 
 def _flag_list(text: str, key: str) -> set[str]:
-    import re
-
     m = re.search(rf"^\s*{key}=[0-9a-fA-F]+<([^>]*)>", text, re.MULTILINE)
     return set(m.group(1).split(",")) if m else set()
 
