@@ -618,6 +618,7 @@ def images_cmd():
 def images_build(name, force, iso, iso_checksum):
     """Build a golden image (Debian from packages; the others from their installer ISO)."""
     started = time.monotonic()
+    _install_signal_handlers()  # SIGTERM/Ctrl-C: the build's commands (packer and its QEMU) are stopped
     ref = images.build(name, force=force, iso=iso, iso_checksum=iso_checksum, progress=lambda stage: err.print(
         f"[{_duration(time.monotonic() - started)}] {name}: {stage}", markup=False))
     out.print(f"{ref.name}: {ref.path} (recipe {ref.digest[:12]}, sha256 {ref.sha256[:12]})", markup=False)

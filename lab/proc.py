@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import subprocess
 import time
 from dataclasses import dataclass
@@ -54,28 +55,35 @@ def run(
     start = time.monotonic()
     feed = open(stdin, "rb") if stdin is not None else contextlib.nullcontext()
     try:
-        with feed as fh:
-            cp = subprocess.run(
-                full,
-                input=input,
-                stdin=fh,
-                capture_output=True,
-                timeout=timeout,
-                env=merged_env,
-                cwd=cwd,
-                text=text,
-                errors="replace" if text else None,
-                start_new_session=True,
-            )
+        with feed as fh, subprocess.Popen(
+                full, stdin=subprocess.PIPE if input is not None else fh, stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE, env=merged_env, cwd=cwd, text=text, errors="replace" if text else None,
+                start_new_session=True) as p:
+            try:
+                stdout, stderr = p.communicate(input, timeout=timeout)
+            except BaseException:
+                # A timeout, or the orchestrator interrupted (SIGTERM/SIGINT raise in the main thread):
+                # the whole session goes, grandchildren too (packer's QEMU, ssh's ProxyCommand).
+                _kill_session(p)
+                raise
     except subprocess.TimeoutExpired as exc:
         raise TimeoutError_(f"{what or full[0]} did not finish within {timeout:g} s") from exc
     except FileNotFoundError as exc:
         raise LabError(f"{full[0]} is not installed (needed for {what or 'this step'})",
                        hint="run `make setup` or `lab doctor`") from exc
-    res = Result(full, cp.returncode, cp.stdout, cp.stderr, time.monotonic() - start)
-    if check and cp.returncode != 0:
-        raise CommandError(full, cp.returncode, cp.stdout if text else "", cp.stderr if text else "", what)
+    res = Result(full, p.returncode, stdout, stderr, time.monotonic() - start)
+    if check and p.returncode != 0:
+        raise CommandError(full, p.returncode, stdout if text else "", stderr if text else "", what)
     return res
+
+
+def _kill_session(p: subprocess.Popen) -> None:
+    """SIGKILL the process group a proc.run child leads (start_new_session: its pgid is its pid)."""
+    try:
+        os.killpg(p.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    p.wait()
 
 
 def spawn(

@@ -1,0 +1,65 @@
+"""lab.proc.run: the one way the lab runs a command to completion. Its children run in a session
+of their own (a Ctrl-C at the terminal reaches the orchestrator only), so when run() gives up on
+one (a timeout) or the orchestrator is interrupted, run() must stop the whole session: found when
+`lab images build` got SIGTERM and left packer and its QEMU running."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from lab import proc
+from lab.errors import TimeoutError_
+from lab.wait import wait_until
+
+
+def gone(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1].startswith("Z")  # reaped by nobody yet
+    except (OSError, IndexError):
+        return True
+
+
+def test_a_timeout_stops_the_grandchildren_too(tmp_path):
+    pidfile = tmp_path / "pid"
+    with pytest.raises(TimeoutError_, match="did not finish within 1 s"):
+        proc.run(["sh", "-c", f"sleep 300 & echo $! > {pidfile}; wait"], timeout=1, what="sh")
+    pid = int(pidfile.read_text())
+    wait_until(lambda: gone(pid), timeout=10, what="the grandchild to be gone")
+
+
+def test_an_interrupted_orchestrator_stops_the_command_it_was_running(tmp_path):
+    """As `lab images build` does: SIGTERM raises in the main thread while run() waits."""
+    pidfile = tmp_path / "pid"
+    script = textwrap.dedent(f"""
+        import signal
+        from lab import proc
+
+        class Interrupted(BaseException):
+            pass
+
+        def handler(signum, frame):
+            raise Interrupted()
+        signal.signal(signal.SIGTERM, handler)
+        try:
+            proc.run(["sh", "-c", "sleep 300 & echo $! > {pidfile}; wait"], timeout=600)
+        except Interrupted:
+            print("interrupted")
+        """)
+    p = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        wait_until(lambda: pidfile.exists() and pidfile.read_text().strip(), timeout=30, what="the command to start")
+        pid = int(pidfile.read_text())
+        p.send_signal(signal.SIGTERM)
+        out, _ = p.communicate(timeout=30)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert out.strip() == "interrupted"
+    wait_until(lambda: gone(pid), timeout=10, what="the grandchild to be gone")
