@@ -9,7 +9,8 @@
   shown beside every row and relabels differences no larger than it ("within noise").
 - Overhead vs a baseline: every cell against the bare-metal cell (or a chosen reference cell)
   of its host, as "VM -0.52 % [CI] vs bare metal".
-- Host fact differences between the two sides (lab.hostinfo.differences), next to the results.
+- Host fact differences between the two sides (lab.hostinfo.differences), next to the results,
+  and the host's load under each side's samples (lab.hostload): a line when the sides differ in it.
 
 Nothing here reads the store or prints; callers pass what the store holds.
 """
@@ -17,21 +18,34 @@ Nothing here reads the store or prints; callers pass what the store holds.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import Any
 
-from lab import compare as compare_mod
-from lab import hostinfo, results, stats
-from lab.config import AXES
+from lab import compare as compare_mod, hostinfo, results, stats
+from lab.axes import AXES, AXES_TABLE, axis
 from lab.errors import UsageError
 from lab.plan import BARE_METAL, TWIN_SUFFIX
 from lab.store import CellRow, SampleRow
 
 Key = tuple[str, str, str]  # (pair label, workload, metric)
+ISOLATION_DEFAULT = axis("isolation").plain(axis("isolation").default)
 BASELINE_DEFAULT = f"kind={BARE_METAL}"
+DEFAULT_THRESHOLD = 10.0  # % of one core: [suite] foreign_load_pct's default, for runs that did not record one
+
+
+def threshold_of(*manifests: dict[str, Any]) -> float:
+    """The foreign-load threshold the runs' samples were flagged at (the lower of two runs')."""
+    found = [
+        float(m.get("schedule", {}).get("foreign_load_pct"))
+        for m in manifests
+        if isinstance(m.get("schedule", {}).get("foreign_load_pct"), (int, float))
+    ]
+    return min(found) if found else DEFAULT_THRESHOLD
 
 
 # -- selections ------------------------------------------------------------------------------------
+
 
 def parse_selector(items: Iterable[str] | None, option: str = "--a") -> dict[str, str]:
     """["nic=virtio", "tuning=default,vcpus=2"] -> {"nic": "virtio", ...}. UsageError if malformed."""
@@ -62,8 +76,13 @@ def matches(cell: CellRow, selector: dict[str, str]) -> bool:
     """Every k=v of the selector holds. A/A twins only when the selector asks for a replica."""
     if is_twin(cell) and "replica" not in selector:
         return False
-    # network axes are stored only when set (lab.plan.Cell.network_axes): cc=default selects the rest
-    unset = {"cc": "default", "offloads": "default", "wan": "none"} if kind(cell) == "vm" else {}
+    # optional axes are stored only when set (lab.axes): cc=default selects the cells without one;
+    # a bare-metal cell has one of them: isolation (vm: on the host itself)
+    unset = (
+        {a.name: a.plain(a.default) for a in AXES_TABLE if a.optional}
+        if kind(cell) == "vm"
+        else {"isolation": ISOLATION_DEFAULT}
+    )
     axes = {**unset, **cell.axes, "kind": kind(cell)}
     return all(str(axes.get(k)) == v for k, v in selector.items())
 
@@ -73,6 +92,7 @@ def select(cells: Sequence[CellRow], selector: dict[str, str]) -> list[CellRow]:
 
 
 # -- sides -----------------------------------------------------------------------------------------
+
 
 @dataclass
 class Side:
@@ -84,6 +104,7 @@ class Side:
     series: list[results.Series]
     hosts: dict[str, dict[str, Any]]  # host name -> stored facts, for the hosts of these cells
     selector: dict[str, str] = field(default_factory=dict)
+    load: results.HostLoadSummary | None = None  # the host's load under these cells' samples
 
     def by_label(self) -> dict[str, dict[tuple[str, str], results.Series]]:
         out: dict[str, dict[tuple[str, str], results.Series]] = {}
@@ -92,14 +113,20 @@ class Side:
         return out
 
 
-def side(run_id: str, seed: int | None, cells: Sequence[CellRow], samples: Sequence[SampleRow],
-         host_facts: dict[str, dict[str, Any]], selector: dict[str, str] | None = None) -> Side:
+def side(
+    run_id: str,
+    seed: int | None,
+    cells: Sequence[CellRow],
+    samples: Sequence[SampleRow],
+    host_facts: dict[str, dict[str, Any]],
+    selector: dict[str, str] | None = None,
+) -> Side:
     selector = selector or {}
     chosen = select(cells, selector)
     ids = {c.cell_id for c in chosen}
-    series = results.series([s for s in samples if s.cell_id in ids], chosen)
+    mine = [s for s in samples if s.cell_id in ids]
     hosts = {h: f for h, f in host_facts.items() if h in {str(c.axes.get("host")) for c in chosen}}
-    return Side(run_id, seed or 0, chosen, series, hosts, selector)
+    return Side(run_id, seed or 0, chosen, results.series(mine, chosen), hosts, selector, results.host_load(mine))
 
 
 def comparable(s: results.Series, everything: bool = False) -> bool:
@@ -109,6 +136,7 @@ def comparable(s: results.Series, everything: bool = False) -> bool:
 
 
 # -- pairing ---------------------------------------------------------------------------------------
+
 
 def reduced_label(cell: CellRow, drop: set[str]) -> str:
     """The cell's axes without those the selectors name, in matrix order: what pairs it."""
@@ -140,8 +168,10 @@ def pair(a: Side, b: Side) -> list[tuple[str, CellRow | None, CellRow | None]]:
         for c in s.cells:
             k = reduced_label(c, drop) if selected else c.label
             if k in m:
-                raise UsageError(f"selection {name} ({_sel(s.selector)}) matches {m[k].cell_id} and {c.cell_id}, "
-                                 f"which differ only in axes the selections name; narrow it down")
+                raise UsageError(
+                    f"selection {name} ({_sel(s.selector)}) matches {m[k].cell_id} and {c.cell_id}, "
+                    f"which differ only in axes the selections name; narrow it down"
+                )
             m[k] = c
         keyed.append(m)
     ma, mb = keyed
@@ -153,6 +183,7 @@ def _sel(selector: dict[str, str]) -> str:
 
 
 # -- noise floor -----------------------------------------------------------------------------------
+
 
 def noise_floor(series: Iterable[results.Series], seed: int = 0) -> dict[tuple[str, str], stats.RatioCI]:
     """(workload, metric) -> the A/A ratio CI of a cell and its twin in one run (None if no twin).
@@ -192,6 +223,7 @@ def _log_width(band: tuple[float, float]) -> float:
 
 # -- comparisons -----------------------------------------------------------------------------------
 
+
 @dataclass
 class Comparison:
     a: Side
@@ -200,11 +232,19 @@ class Comparison:
     pairs: list[tuple[str, CellRow | None, CellRow | None]]
     noise: dict[tuple[str, str], stats.RatioCI]  # (workload, metric) -> A/A
     host_diffs: list[tuple[str, str, str, str]]  # (host, fact, A, B)
+    load_diff: str = ""  # how the host's load under the two sides differs, "" if it does not
 
 
-def compare_sides(a: Side, b: Side, *, noise: dict[tuple[str, str], stats.RatioCI] | None = None,
-                  everything: bool = False, alpha: float = compare_mod.DEFAULT_ALPHA,
-                  n_resamples: int = stats.DEFAULT_N_RESAMPLES) -> Comparison:
+def compare_sides(
+    a: Side,
+    b: Side,
+    *,
+    noise: dict[tuple[str, str], stats.RatioCI] | None = None,
+    everything: bool = False,
+    alpha: float = compare_mod.DEFAULT_ALPHA,
+    n_resamples: int = stats.DEFAULT_N_RESAMPLES,
+    threshold_pct: float = DEFAULT_THRESHOLD,
+) -> Comparison:
     pairs = pair(a, b)
     la, lb = a.by_label(), b.by_label()
     side_a: dict[Key, compare_mod.MetricSeries] = {}
@@ -215,12 +255,44 @@ def compare_sides(a: Side, b: Side, *, noise: dict[tuple[str, str], stats.RatioC
                 continue
             for (wl, metric), s in by.get(cell.label, {}).items():
                 if comparable(s, everything):
-                    out[(label, wl, metric)] = compare_mod.MetricSeries(s.values, s.unit, s.higher_is_better)
+                    out[(label, wl, metric)] = metric_series(s)
     noise = noise or {}
     per_key = {k: noise[(k[1], k[2])] for k in set(side_a) | set(side_b) if (k[1], k[2]) in noise}
-    rows = compare_mod.compare(side_a, side_b, alpha=alpha, seed=a.seed, n_resamples=n_resamples,
-                               noise_floor=per_key)
-    return Comparison(a, b, rows, pairs, noise, host_differences(a.hosts, b.hosts))
+    rows = compare_mod.compare(side_a, side_b, alpha=alpha, seed=a.seed, n_resamples=n_resamples, noise_floor=per_key)
+    return Comparison(
+        a, b, rows, pairs, noise, host_differences(a.hosts, b.hosts), load_difference(a.load, b.load, threshold_pct)
+    )
+
+
+def metric_series(s: results.Series) -> compare_mod.MetricSeries:
+    return compare_mod.MetricSeries(s.values, s.unit, s.higher_is_better, s.flagged)
+
+
+def load_difference(
+    a: results.HostLoadSummary | None, b: results.HostLoadSummary | None, threshold_pct: float = DEFAULT_THRESHOLD
+) -> str:
+    """A line when the host was busier under one side's samples than under the other's: medians
+    more than half the flag threshold apart, or flagged repetitions on one side only; "" if not."""
+    if a is None or b is None or a.median_pct is None or b.median_pct is None:
+        if a is not None and b is not None and (a.median_pct is None) != (b.median_pct is None):
+            return (
+                f"host load measured under side {'A' if a.median_pct is not None else 'B'} only: "
+                "the other side's host could not tell or was not watched"
+            )
+        return ""
+    out = []
+    if abs(a.median_pct - b.median_pct) > threshold_pct / 2:
+        busier = "A" if a.median_pct > b.median_pct else "B"
+        out.append(
+            f"the host was busier under side {busier} (foreign load median {a.median_pct:.0f} % vs "
+            f"{b.median_pct:.0f} % of one core)"
+        )
+    if bool(a.flagged) != bool(b.flagged):
+        out.append(
+            f"side {'A' if a.flagged else 'B'} has repetitions flagged for host load "
+            f"({a.flagged or b.flagged}), the other none"
+        )
+    return "; ".join(out)
 
 
 def host_differences(a: dict[str, dict[str, Any]], b: dict[str, dict[str, Any]]) -> list[tuple[str, str, str, str]]:
@@ -228,16 +300,17 @@ def host_differences(a: dict[str, dict[str, Any]], b: dict[str, dict[str, Any]])
     on each side under different names (two hosts compared) pair with each other."""
     if set(a) != set(b) and len(a) == 1 and len(b) == 1:
         (ha, fa), (hb, fb) = next(iter(a.items())), next(iter(b.items()))
-        pairs = [(f"{ha} / {hb}", fa, fb)]
+        pairs: list[tuple[str, dict[str, Any] | None, dict[str, Any] | None]] = [(f"{ha} / {hb}", fa, fb)]
     else:
         pairs = [(h, a.get(h), b.get(h)) for h in sorted(set(a) | set(b))]
     out = []
-    for name, fa, fb in pairs:
-        out += [(name, k, va, vb) for k, va, vb in hostinfo.differences(fa, fb)]
+    for name, facts_a, facts_b in pairs:
+        out += [(name, k, va, vb) for k, va, vb in hostinfo.differences(facts_a, facts_b)]
     return out
 
 
 # -- overhead vs a baseline ------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Overhead:
@@ -258,23 +331,38 @@ class Overhead:
 def baselines(cells: Sequence[CellRow], selector: dict[str, str]) -> dict[str, CellRow]:
     """host -> its baseline cell. The default selector picks the bare-metal cell of each host; a
     chosen one (`nic=virtio`) must match one cell per host."""
+    if selector.get("kind") == BARE_METAL and "isolation" not in selector:
+        # the host itself: with isolation = ["vm", "container"] a host has a bare-metal cell of each
+        selector = {**selector, "isolation": ISOLATION_DEFAULT}
     chosen = select(cells, selector)
     if not chosen:
-        what = "no bare-metal cell (set [suite] bare_metal = true)" if selector == parse_selector([BASELINE_DEFAULT]) \
+        what = (
+            "no bare-metal cell (set [suite] bare_metal = true)"
+            if selector.get("kind") == BARE_METAL
             else f"no cell matches {_sel(selector)}"
+        )
         raise UsageError(f"--baseline: this run has {what}")
     out: dict[str, CellRow] = {}
     for c in chosen:
         host = str(c.axes.get("host"))
         if host in out:
-            raise UsageError(f"--baseline {_sel(selector)} matches {out[host].cell_id} and {c.cell_id} on host "
-                             f"{host}; it must name one cell per host")
+            raise UsageError(
+                f"--baseline {_sel(selector)} matches {out[host].cell_id} and {c.cell_id} on host "
+                f"{host}; it must name one cell per host"
+            )
         out[host] = c
     return out
 
 
-def overheads(cells: Sequence[CellRow], samples: Sequence[SampleRow], selector: dict[str, str], *, seed: int = 0,
-              everything: bool = False, n_resamples: int = stats.DEFAULT_N_RESAMPLES) -> list[Overhead]:
+def overheads(
+    cells: Sequence[CellRow],
+    samples: Sequence[SampleRow],
+    selector: dict[str, str],
+    *,
+    seed: int = 0,
+    everything: bool = False,
+    n_resamples: int = stats.DEFAULT_N_RESAMPLES,
+) -> list[Overhead]:
     """Every (non-twin) cell against the baseline cell of its host, per metric. A host without a
     baseline cell compares against the only baseline there is, if there is exactly one."""
     refs = baselines(cells, selector)
@@ -298,9 +386,11 @@ def overheads(cells: Sequence[CellRow], samples: Sequence[SampleRow], selector: 
             b = mine.get(wm)
             row = compare_mod.compare_one(
                 (c.label, *wm),
-                compare_mod.MetricSeries(a.values, a.unit, a.higher_is_better) if a else None,
-                compare_mod.MetricSeries(b.values, b.unit, b.higher_is_better) if b else None,
-                seed=seed, n_resamples=n_resamples)
+                metric_series(a) if a else None,
+                metric_series(b) if b else None,
+                seed=seed,
+                n_resamples=n_resamples,
+            )
             out.append(Overhead(c.label, ref.label, row))
     return out
 

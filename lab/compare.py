@@ -15,6 +15,9 @@ Sample size: "not enough samples" when either side has fewer than 3 values, or w
 test cannot reach p < alpha at all with these sizes (3 vs 3 can never go below p = 0.10), so that
 "no significant difference" is never shown for a comparison that could not have found one.
 
+Flagged samples (lab.flags) are not in `values`: a MetricSeries carries only how many there were
+(`flagged`), so a row can say so; a side whose every sample is flagged is "only flagged samples".
+
 Noise floor: optionally, per key, the ratio CI of an A/A comparison (the same cell run twice,
 lab.stats.noise_floor). A significant difference whose ratio lies inside that A/A band is reported
 as "no significant difference (within noise)": identical setups differ that much too.
@@ -25,6 +28,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from lab import stats
 from lab.errors import LabError
@@ -41,6 +45,7 @@ class Verdict(enum.StrEnum):
     NOT_ENOUGH = "not enough samples"
     MISSING_A = "missing in A"
     MISSING_B = "missing in B"
+    ONLY_FLAGGED = "only flagged samples"  # a side has samples, but every one is flagged (lab.flags)
     INFORMATIONAL = "informational"  # the metric has no better direction (higher_is_better None)
 
 
@@ -48,9 +53,10 @@ class Verdict(enum.StrEnum):
 class MetricSeries:
     """The repetitions of one metric in one cell. `values` is stored as a tuple."""
 
-    values: Sequence[float]
+    values: Sequence[float]  # the samples that count
     unit: str
     higher_is_better: bool | None
+    flagged: int = 0  # samples left out: flagged (shown, never averaged in)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "values", tuple(float(v) for v in self.values))
@@ -58,7 +64,9 @@ class MetricSeries:
 
 @dataclass(frozen=True)
 class Row:
-    key: Hashable
+    # The caller's identity of the metric, returned as given (hashable): Any, not Hashable, so that a
+    # caller can unpack the tuple it built ((cell, workload, metric) in lab.analysis and lab.report)
+    key: Any
     unit: str
     higher_is_better: bool | None
     n_a: int
@@ -73,6 +81,8 @@ class Row:
     noise_band: tuple[float, float] | None = None  # A/A noise band (ratio) for this key, if given
     summary_a: stats.Summary | None = None  # spread, CI of each median, min/max
     summary_b: stats.Summary | None = None
+    flagged_a: int = 0  # samples of each side left out, flagged
+    flagged_b: int = 0
 
 
 def _sorted_keys(keys: set[Hashable]) -> list[Hashable]:
@@ -96,10 +106,17 @@ def _check_same_metric(key: Hashable, sa: MetricSeries, sb: MetricSeries) -> Non
         )
 
 
-def compare_one(key: Hashable, sa: MetricSeries | None, sb: MetricSeries | None, *,
-                alpha: float = DEFAULT_ALPHA, seed: int = 0, confidence: float | None = None,
-                n_resamples: int = stats.DEFAULT_N_RESAMPLES,
-                noise: stats.RatioCI | None = None) -> Row:
+def compare_one(
+    key: Hashable,
+    sa: MetricSeries | None,
+    sb: MetricSeries | None,
+    *,
+    alpha: float = DEFAULT_ALPHA,
+    seed: int = 0,
+    confidence: float | None = None,
+    n_resamples: int = stats.DEFAULT_N_RESAMPLES,
+    noise: stats.RatioCI | None = None,
+) -> Row:
     """One row; `compare` calls this for every key. Raises LabError if the sides disagree on unit."""
     if not 0.0 < alpha < 1.0:
         raise ValueError(f"alpha must be between 0 and 1 (exclusive), got {alpha}")
@@ -117,7 +134,9 @@ def compare_one(key: Hashable, sa: MetricSeries | None, sb: MetricSeries | None,
     rci: stats.RatioCI | None = None
     p: float | None = None
     significant: bool | None = None
-    if a is None:
+    if (a is None and sa is not None and sa.flagged) or (b is None and sb is not None and sb.flagged):
+        verdict = Verdict.ONLY_FLAGGED
+    elif a is None:
         verdict = Verdict.MISSING_A
     elif b is None:
         verdict = Verdict.MISSING_B
@@ -158,13 +177,21 @@ def compare_one(key: Hashable, sa: MetricSeries | None, sb: MetricSeries | None,
         noise_band=noise.band() if noise is not None else None,
         summary_a=summary_a,
         summary_b=summary_b,
+        flagged_a=sa.flagged if sa is not None else 0,
+        flagged_b=sb.flagged if sb is not None else 0,
     )
 
 
-def compare(a: Mapping[Hashable, MetricSeries], b: Mapping[Hashable, MetricSeries], *,
-            alpha: float = DEFAULT_ALPHA, seed: int = 0, confidence: float | None = None,
-            n_resamples: int = stats.DEFAULT_N_RESAMPLES,
-            noise_floor: Mapping[Hashable, stats.RatioCI] | None = None) -> list[Row]:
+def compare(
+    a: Mapping[Any, MetricSeries],  # keys: any hashable identity (a Mapping is invariant in its key)
+    b: Mapping[Any, MetricSeries],
+    *,
+    alpha: float = DEFAULT_ALPHA,
+    seed: int = 0,
+    confidence: float | None = None,
+    n_resamples: int = stats.DEFAULT_N_RESAMPLES,
+    noise_floor: Mapping[Any, stats.RatioCI] | None = None,
+) -> list[Row]:
     """Side A (baseline) against side B: one Row per key present on either side, sorted by key.
 
     "better"/"worse" are about B relative to A, using each metric's higher_is_better. A key on one
@@ -174,7 +201,15 @@ def compare(a: Mapping[Hashable, MetricSeries], b: Mapping[Hashable, MetricSerie
     """
     noise_floor = noise_floor or {}
     return [
-        compare_one(key, a.get(key), b.get(key), alpha=alpha, seed=seed, confidence=confidence,
-                    n_resamples=n_resamples, noise=noise_floor.get(key))
+        compare_one(
+            key,
+            a.get(key),
+            b.get(key),
+            alpha=alpha,
+            seed=seed,
+            confidence=confidence,
+            n_resamples=n_resamples,
+            noise=noise_floor.get(key),
+        )
         for key in _sorted_keys(set(a) | set(b))
     ]

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from lab import IMAGES_DIR, config, proc
+from lab import IMAGES_DIR, config, proc, statedir
+from lab.backends.local import KVM_PROBE_FILE
 from lab.errors import LabError
 
 
@@ -30,6 +32,21 @@ def _tool(name: str, version_args: list[str], needed_for: str, required: bool = 
         return Check(name, "warn", str(exc))
 
 
+def probed_accel() -> str | None:
+    """The accelerator the local backend's last real boot probe found ("kvm", "tcg"), if any."""
+    try:
+        return str(json.loads(statedir.read_text(statedir.default_dir() / KVM_PROBE_FILE))["accel"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _existing(path: Path) -> Path:
+    """`path`, or its nearest ancestor that exists (where it will be made)."""
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
 def run_checks(config_path: str) -> list[Check]:
     checks = [
         _tool("qemu-system-x86_64", ["--version"], "the local backend"),
@@ -42,19 +59,25 @@ def run_checks(config_path: str) -> list[Check]:
     ]
     # KVM: present is not usable; the verdict of the last real boot probe is cached by the backend.
     kvm = os.path.exists("/dev/kvm")
-    from lab.backends.local import KVM_PROBE_CACHE as probe
-
+    state = statedir.default_dir()
     detail = "/dev/kvm present" if kvm else "/dev/kvm absent: TCG only"
-    if probe.exists():
-        import json
-
-        try:
-            detail += f"; last boot probe: {json.loads(probe.read_text())['accel']}"
-        except (ValueError, KeyError):
-            pass
-    else:
+    probed = probed_accel()
+    if probed:
+        detail += f"; last boot probe: {probed}"
+    elif not (state / KVM_PROBE_FILE).exists():
         detail += "; not probed yet (the first `lab run` boots a kernel under KVM to find out)"
     checks.append(Check("kvm", "ok" if kvm else "warn", detail))
+    # The private state directory (run locks, the KVM verdict, the default workdir): this user's alone.
+    why = statedir.problem(state)
+    checks.append(
+        Check(
+            "state",
+            "fail" if why else "ok",
+            f"{state} {why}: remove it (or set ${statedir.STATE_ENV})"
+            if why
+            else f"{state}" + ("" if state.exists() else " (made on first use, mode 0700)"),
+        )
+    )
     # Network namespaces need root (CAP_NET_ADMIN); try one for real.
     ns = f"lab-doctor-{os.getpid()}"
     res = proc.run(["ip", "netns", "add", ns], check=False)
@@ -63,13 +86,19 @@ def run_checks(config_path: str) -> list[Check]:
         checks.append(Check("netns", "ok", "can create network namespaces, bridges and taps"))
     else:
         checks.append(Check("netns", "fail", f"cannot create a network namespace: {res.stderr.strip()} (run as root)"))
-    for where in (Path("/var/tmp"), Path.cwd()):
+    for where in (_existing(state), Path.cwd()):
         free = shutil.disk_usage(where).free / 2**30
-        checks.append(Check(f"disk {where}", "ok" if free > 5 else ("warn" if free > 2 else "fail"),
-                            f"{free:.1f} GiB free"))
+        checks.append(
+            Check(f"disk {where}", "ok" if free > 5 else ("warn" if free > 2 else "fail"), f"{free:.1f} GiB free")
+        )
     manifests = sorted(IMAGES_DIR.glob("*.json"))
-    checks.append(Check("images", "ok" if manifests else "warn",
-                        ", ".join(m.stem for m in manifests) or "none built: run `make images`"))
+    checks.append(
+        Check(
+            "images",
+            "ok" if manifests else "warn",
+            ", ".join(m.stem for m in manifests) or "none built: run `make images`",
+        )
+    )
     if Path(config_path).exists():
         try:
             cfg = config.load(config_path)

@@ -47,8 +47,15 @@ class BackendError(LabError):
     """A hypervisor refused or failed an operation."""
 
 
-class UnreachableError(UsageError):
-    """A host, API or guest could not be reached at all (before anything was created)."""
+class HostUnreachable(LabError):
+    """A host or its API could not be reached, or stopped answering (connection refused or lost, no
+    answer in time, a cluster node offline). Exit status 1: a look that did not happen (`lab
+    snapshot`, `lab gc`, a call mid-run). Before anything is created, `lab run`'s checks raise the
+    UnreachableError below instead (exit 2); `except HostUnreachable` catches both."""
+
+
+class UnreachableError(UsageError, HostUnreachable):
+    """A host, API or guest could not be reached at all (before anything was created). Exit 2."""
 
 
 class AuthError(UsageError):
@@ -76,3 +83,14 @@ class VerificationError(LabError):
 
 class TeardownError(LabError):
     """Something created could not be removed. Always loud."""
+
+
+class IncompleteListing(LabError):
+    """A host could list only part of what it holds (a node offline, a connection lost): `found`
+    is what it did list, `unchecked` names each part it could not look at and why (not the host: gc
+    adds its name). `lab gc` reports
+    those parts as "not checked" and exits 1: a look that did not happen is never a success."""
+
+    def __init__(self, message: str, found: list, unchecked: list[str], hint: str | None = None):
+        super().__init__(message, hint)
+        self.found, self.unchecked = list(found), list(unchecked)

@@ -27,6 +27,7 @@ class Guest:
         jump: str | None = None,
         control_dir: Path | None = None,
         os: str = "debian",
+        known_hosts: str | None = None,
     ):
         self.address, self.user, self.port, self.key = address, user, port, Path(key)
         self.netns, self.jump, self.os = netns, jump, os
@@ -35,21 +36,38 @@ class Guest:
             self._tmp = tempfile.TemporaryDirectory(prefix="lab-ssh-")
             control_dir = Path(self._tmp.name)
         self.control_path = Path(control_dir) / f"{address}-{port}.sock"
+        # The guest's host keys (lab.images.known_hosts): OpenSSH refuses any other machine that
+        # answers at this address. None: not checked.
+        self.known_hosts: Path | None = None
+        if known_hosts is not None:
+            self.known_hosts = Path(control_dir) / f"{address}-{port}.known_hosts"
+            self.known_hosts.write_text(known_hosts)
 
     def _ssh_options(self) -> list[str]:
         opts = [
-            "-i", str(self.key),
-            "-p", str(self.port),
-            "-o", "BatchMode=yes",
-            "-o", "IdentitiesOnly=yes",
-            # Clones share the golden image's host key; each is new and short-lived.
-            "-o", "StrictHostKeyChecking=no",
-            "-o", "UserKnownHostsFile=/dev/null",
-            "-o", "LogLevel=ERROR",
-            "-o", "ConnectTimeout=5",
-            "-o", "ServerAliveInterval=5",
-            "-o", "ServerAliveCountMax=6",
-            "-o", f"ControlPath={self.control_path}",
+            "-i",
+            str(self.key),
+            "-p",
+            str(self.port),
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            "IdentitiesOnly=yes",
+            *(
+                ["-o", "StrictHostKeyChecking=yes", "-o", f"UserKnownHostsFile={self.known_hosts}"]
+                if self.known_hosts
+                else ["-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null"]
+            ),
+            "-o",
+            "LogLevel=ERROR",
+            "-o",
+            "ConnectTimeout=5",
+            "-o",
+            "ServerAliveInterval=5",
+            "-o",
+            "ServerAliveCountMax=6",
+            "-o",
+            f"ControlPath={self.control_path}",
         ]
         if self.jump:
             opts += ["-J", self.jump]
@@ -65,9 +83,22 @@ class Guest:
         def attempt() -> bool:
             try:
                 res = proc.run(
-                    ["ssh", *self._ssh_options(), "-o", "ControlMaster=yes", "-o", "ControlPersist=600",
-                     "-f", "-N", self.target],
-                    timeout=15, check=False, netns=self.netns, what="ssh master")
+                    [
+                        "ssh",
+                        *self._ssh_options(),
+                        "-o",
+                        "ControlMaster=yes",
+                        "-o",
+                        "ControlPersist=600",
+                        "-f",
+                        "-N",
+                        self.target,
+                    ],
+                    timeout=15,
+                    check=False,
+                    netns=self.netns,
+                    what="ssh master",
+                )
             except TimeoutError_ as exc:  # a guest still busy booting on busy cores: try again
                 self._last_error = str(exc)
                 return False
@@ -75,14 +106,24 @@ class Guest:
             return res.ok
 
         self._last_error = ""
-        wait_until(attempt, timeout=timeout, what=f"SSH login to {self.target}", interval=0.3,
-                   detail=lambda: self._last_error or "no answer")
+        wait_until(
+            attempt,
+            timeout=timeout,
+            what=f"SSH login to {self.target}",
+            interval=0.3,
+            detail=lambda: self._last_error or "no answer",
+        )
 
-    def run(self, command: str, *, timeout: float = 120.0, check: bool = True,
-            input: str | None = None) -> proc.Result:
+    def run(self, command: str, *, timeout: float = 120.0, check: bool = True, input: str | None = None) -> proc.Result:
         """Run a shell command line on the guest."""
-        res = proc.run(["ssh", *self._ssh_options(), self.target, command], timeout=timeout,
-                       check=False, input=input, netns=self.netns, what=f"guest command on {self.address}")
+        res = proc.run(
+            ["ssh", *self._ssh_options(), self.target, command],
+            timeout=timeout,
+            check=False,
+            input=input,
+            netns=self.netns,
+            what=f"guest command on {self.address}",
+        )
         return _checked(res, ["ssh", self.target, command], command, self.address, check)
 
     def put(self, local: Path, remote: str, timeout: float = 120.0) -> None:
@@ -97,15 +138,16 @@ class Guest:
     def close(self) -> None:
         if self.control_path.exists():
             try:
-                proc.run(["ssh", *self._ssh_options(), "-O", "exit", self.target], timeout=10,
-                         check=False, netns=self.netns)
+                proc.run(
+                    ["ssh", *self._ssh_options(), "-O", "exit", self.target], timeout=10, check=False, netns=self.netns
+                )
             except LabError:
                 pass
         if self._tmp is not None:
             self._tmp.cleanup()
             self._tmp = None
 
-    def __enter__(self) -> "Guest":
+    def __enter__(self) -> Guest:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -113,17 +155,25 @@ class Guest:
 
 
 class HostGuest:
-    """Guest-like: runs command lines on this machine, for the bare-metal cell (lab.baremetal).
+    """Guest-like: runs command lines on this machine, for the bare-metal cell (lab.backends.local.baremetal).
 
     Commands run in the cell's network namespace through `nsenter --net` (not `ip netns exec`,
     which remounts /sys and so hides the cgroup file system) and, when `cgroup_procs` is given,
     inside that cgroup, so the cell's CPU use can be told apart from the load generator's, which
     runs on the same machine. `env` reaches every command (the CPU snapshot reads it)."""
 
-    def __init__(self, address: str, *, netns: str, cgroup_procs: Path | None = None,
-                 env: dict[str, str] | None = None, os: str = "bare-metal"):
+    def __init__(
+        self,
+        address: str,
+        *,
+        netns: str,
+        cgroup_procs: Path | None = None,
+        env: dict[str, str] | None = None,
+        os: str = "bare-metal",
+    ):
         self.address, self.netns, self.cgroup_procs, self.os = address, netns, cgroup_procs, os
         self.env = dict(env or {})
+        self.known_hosts: Path | None = None  # no SSH: nothing to check
 
     def argv(self, command: str) -> list[str]:
         inner = ["nsenter", f"--net=/run/netns/{self.netns}", "sh", "-c", command]
@@ -132,10 +182,15 @@ class HostGuest:
         # Join the cgroup first, then enter the namespace: every process of the command inherits both.
         return ["sh", "-c", 'echo $$ > "$0" && exec "$@"', str(self.cgroup_procs), *inner]
 
-    def run(self, command: str, *, timeout: float = 120.0, check: bool = True,
-            input: str | None = None) -> proc.Result:
-        res = proc.run(self.argv(command), timeout=timeout, check=False, input=input, env=self.env,
-                       what=f"host command in {self.netns}")
+    def run(self, command: str, *, timeout: float = 120.0, check: bool = True, input: str | None = None) -> proc.Result:
+        res = proc.run(
+            self.argv(command),
+            timeout=timeout,
+            check=False,
+            input=input,
+            env=self.env,
+            what=f"host command in {self.netns}",
+        )
         return _checked(res, ["sh", "-c", command], command, f"{self.address} (bare metal)", check)
 
     def put_text(self, text: str, remote: str, timeout: float = 60.0) -> None:

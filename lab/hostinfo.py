@@ -14,8 +14,13 @@ import hashlib
 import json
 import os
 import platform
+import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
+
+from lab import proc
+from lab.errors import AuthError, HostUnreachable, LabError
+from lab.model import Client
 
 
 def _read(path: str) -> str:
@@ -88,15 +93,17 @@ def bridge_mtus(sys_class_net: Path) -> dict[str, str]:
 
 
 # Host-side tools whose version shapes results: the hypervisor and the load generators.
-HOST_TOOLS = {"qemu": ["qemu-system-x86_64", "--version"], "iperf3": ["iperf3", "--version"],
-              "wrk": ["wrk", "-v"], "sysbench": ["sysbench", "--version"], "nginx": ["nginx", "-v"],
-              "libvirt": ["libvirtd", "--version"]}
+HOST_TOOLS = {
+    "qemu": ["qemu-system-x86_64", "--version"],
+    "iperf3": ["iperf3", "--version"],
+    "wrk": ["wrk", "-v"],
+    "sysbench": ["sysbench", "--version"],
+    "nginx": ["nginx", "-v"],
+    "libvirt": ["libvirtd", "--version"],
+}
 
 
 def host_tools() -> dict[str, str]:
-    from lab import proc
-    from lab.errors import LabError
-
     out = {}
     for name, argv in HOST_TOOLS.items():
         try:
@@ -111,49 +118,48 @@ def host_tools() -> dict[str, str]:
 def libvirt_host_facts(capabilities_xml: str) -> dict[str, Any]:
     """Pure: the host part of a libvirt capabilities document -> CPU model, vendor, microcode,
     topology (what the hypervisor host is, whatever the driver: QEMU/KVM or bhyve)."""
-    import xml.etree.ElementTree as ET
-
     cpu = ET.fromstring(capabilities_xml).find("host/cpu")
     if cpu is None:
         return {}
     out: dict[str, Any] = {}
     for tag in ("arch", "model", "vendor"):
         el = cpu.find(tag)
-        if el is not None and (el.text or "").strip():
-            out[f"cpu_{tag}" if tag != "model" else "cpu_model"] = el.text.strip()
+        text = (el.text or "").strip() if el is not None else ""
+        if text:
+            out[f"cpu_{tag}" if tag != "model" else "cpu_model"] = text
     mc = cpu.find("microcode")
-    if mc is not None and mc.get("version"):
-        out["microcode"] = hex(int(mc.get("version")))
+    version = mc.get("version") if mc is not None else None
+    if version:
+        out["microcode"] = hex(int(version))
     topo = cpu.find("topology")
     if topo is not None:
         out["topology"] = {k: int(v) for k, v in topo.attrib.items() if v.isdigit()}
     return out
 
 
-def snapshot(host: str, backend) -> dict[str, Any]:
+def snapshot(host: str, backend) -> dict[str, Any]:  # a lab.backends.Backend (which imports this module)
+    """A host's fingerprint: what the host is (its backend's host_facts) and the backend's facts."""
     facts: dict[str, Any] = {"host": host, "backend": backend.name}
-    if backend.name == "local":
-        facts.update(local_facts())
+    try:
+        facts.update(backend.host_facts())
+    except (AuthError, HostUnreachable):
+        raise  # a look that did not happen is not a fingerprint: nothing is stored
+    except Exception as exc:  # other facts are informative; a failure to gather them is recorded, not fatal
+        facts["host_facts_error"] = str(exc)
     try:
         facts.update({f"backend_{k}": v for k, v in backend.facts().items() if v is not None})
-    except Exception as exc:  # facts are informative; a failure to gather them is recorded, not fatal
+    except (AuthError, HostUnreachable):
+        raise
+    except Exception as exc:
         facts["backend_facts_error"] = str(exc)
-    if backend.name == "libvirt":
-        try:
-            facts.update(libvirt_host_facts(backend.conn.getCapabilities()))
-        except Exception as exc:
-            facts["host_facts_error"] = str(exc)
     return facts
 
 
-def run_bridge_mtu(client) -> str | None:
+def run_bridge_mtu(client: Client) -> str | None:
     """The MTU of the bridge of a local run's namespace (None for other backends)."""
-    netns = getattr(client, "netns", None)
-    if not netns:
+    if not client.netns:
         return None
-    from lab import proc
-
-    res = proc.run(["ip", "-n", netns, "-o", "link", "show", "br0"], check=False, timeout=10)
+    res = proc.run(["ip", "-n", client.netns, "-o", "link", "show", "br0"], check=False, timeout=10)
     parts = res.stdout.split()
     return parts[parts.index("mtu") + 1] if "mtu" in parts else None
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 
 class NicModel(enum.StrEnum):
@@ -27,6 +27,15 @@ class DiskBus(enum.StrEnum):
 class CloneKind(enum.StrEnum):
     LINKED = "linked"
     FULL = "full"
+
+
+class Isolation(enum.StrEnum):
+    """Where a cell's workloads run (lab.isolation): the machine itself, or a container, jail or zone on it."""
+
+    VM = "vm"
+    CONTAINER = "container"
+    JAIL = "jail"
+    ZONE = "zone"
 
 
 class Accel(enum.StrEnum):
@@ -68,6 +77,7 @@ class VmSpec:
     memory_mib: int
     disk_bus: DiskBus = DiskBus.VIRTIO
     clone: CloneKind = CloneKind.LINKED
+    start: str = "cold"  # "cold": boot; "warm": restore a post-boot snapshot of the same machine shape
     ip: str = ""  # static address the guest gets ("" = backend decides / DHCP)
     mac: str = ""
     expires_at: float = 0.0  # unix time after which `lab gc` may remove it
@@ -83,6 +93,7 @@ class Vm:
     handle: dict[str, Any] = field(default_factory=dict)
     address: str = ""
     facts: dict[str, Any] = field(default_factory=dict)  # e.g. {"accel": "tcg"}
+    control_dir: Path | None = None  # where this machine keeps the VM's SSH control sockets (None: a temp dir)
 
     @property
     def name(self) -> str:
@@ -125,3 +136,16 @@ class Sample:
     unit: str
     higher_is_better: bool | None  # None: informational (e.g. retransmits ambiguous)
     labels: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+
+@runtime_checkable
+class Client(Protocol):
+    """Where load generators (iperf3 server, wrk, ssh) run for a host, and the address by which
+    guests reach it. Backends make them (open_run); workloads use them."""
+
+    address: str  # as seen from the guests (iperf3 -c <address>)
+    netns: str | None  # a network namespace of this machine the client side runs in, if any
+
+    def argv(self, argv: list[str]) -> list[str]:
+        """Wrap argv so it runs on the client side (e.g. inside the lab's network namespace)."""
+        ...

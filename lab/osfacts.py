@@ -10,9 +10,10 @@ guest scripts carry no package names or paths of their own.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from lab.errors import UsageError
-from lab.model import NicModel
+from lab.model import DiskBus, NicModel
 
 
 @dataclass(frozen=True)
@@ -31,8 +32,11 @@ class NginxFacts:
 class OsFacts:
     name: str
     family: str  # "linux" | "freebsd" | "netbsd" | "openbsd"
+    # What the OS's kernel has a driver for (see "Drivers" below): a NIC model or disk bus missing
+    # from these tables cannot run on this OS, and the plan refuses such a cell.
     nic_device: dict[NicModel, str]  # first NIC's device name per model
-    nic_driver: dict[NicModel, str]  # driver name as the guest reports it
+    nic_driver: dict[NicModel, str]  # driver name as the guest reports it (nic_driver_cmd)
+    disk_driver: dict[DiskBus, str]  # the driver of the disk controller of each bus the lab offers
     packages: dict[str, str] = field(default_factory=dict)  # logical name -> package name
     # Shell command printing one line of cumulative CPU ticks; parsed by lab.workloads.cpu.
     cpu_ticks_cmd: str = "head -n1 /proc/stat"
@@ -47,9 +51,14 @@ class OsFacts:
     sysctl_watched: tuple[str, ...] = ()
     # templates/sysctl/<dir>/<profile>.j2 (Linux guests share one set of keys)
     sysctl_dir: str = ""
-    nginx: NginxFacts = NginxFacts(user="www-data", conf="/etc/nginx/nginx.conf",
-                                   mime_types="/etc/nginx/mime.types", pid="/run/nginx.pid",
-                                   error_log="/var/log/nginx/error.log", cert_dir="/etc/nginx")
+    nginx: NginxFacts = NginxFacts(
+        user="www-data",
+        conf="/etc/nginx/nginx.conf",
+        mime_types="/etc/nginx/mime.types",
+        pid="/run/nginx.pid",
+        error_log="/var/log/nginx/error.log",
+        cert_dir="/etc/nginx",
+    )
     # Congestion control (matrix axis `cc`): what the OS ships with, what it can switch to, how to
     # switch (loading the module it needs) and the sysctl that says what is in effect.
     cc_default: str = ""  # "" = the OS has no selectable congestion control (cc axis n/a)
@@ -79,37 +88,109 @@ class OsFacts:
         except KeyError:
             raise UsageError(f"{self.name} has no driver for NIC model {nic.value!r}") from None
 
+    def has_driver(self, what: NicModel | DiskBus) -> bool:
+        """Whether this OS can drive a NIC model or a disk bus."""
+        return what in (self.nic_driver if isinstance(what, NicModel) else self.disk_driver)
 
-_LINUX_NIC = {NicModel.VIRTIO: "eth0", NicModel.E1000: "eth0", NicModel.E1000E: "eth0",
-              NicModel.RTL8139: "eth0", NicModel.VMXNET3: "eth0"}
-_LINUX_DRV = {NicModel.VIRTIO: "virtio_net", NicModel.E1000: "e1000", NicModel.E1000E: "e1000e",
-              NicModel.RTL8139: "8139cp", NicModel.VMXNET3: "vmxnet3"}
+
+# ---------------------------------------------------------------------------------------------
+# Drivers: which NIC models and disk buses each image's kernel drives, as the lab's hosts emulate
+# them (QEMU/PVE: virtio-net-pci, e1000 = 82540EM, e1000e = 82574L, rtl8139 = an RTL8139C+ at PCI
+# revision 0x20 (QEMU hw/net/rtl8139.c: `HW_REVID(1, 1, 1, 0, 1, 1, 0) // RTL-8139C+`), vmxnet3;
+# disks: virtio-blk, scsi = virtio-scsi (local and libvirt templates, PVE virtio-scsi-single),
+# sata = AHCI, ide = PIIX IDE, nvme). Sources:
+#   debian   linux-image-amd64 6.1 (bookworm) builds all of them; the golden image's initrd carries
+#            the disk ones (packer/scripts/debian-rootfs-customize.sh checks it at build); 8139too
+#            leaves a C+ chip (revision >= 0x20) to 8139cp. tests/test_images_boot.py boots each.
+#   alpine   the virt kernel of the 3.21 virt ISO (aports main/linux-lts/virt.x86_64.config):
+#            VIRTIO_NET, E1000, E1000E, VMXNET3; `# CONFIG_NET_VENDOR_REALTEK is not set`, so no
+#            rtl8139. VIRTIO_BLK, SCSI_VIRTIO, SATA_AHCI, ATA_PIIX, BLK_DEV_NVME.
+#   freebsd  14.x GENERIC (sys/amd64/conf/GENERIC): vtnet, em (82540 and 82574), re (8139C+:
+#            sys/dev/re/if_re.c matches RT_DEVICEID_8139 with RL_HWREV_8139CPLUS, ahead of rl),
+#            vmx (vmx(4), since 10.1); virtio_blk (vtbd), virtio_scsi (da), ahci and ata (ada),
+#            nvme (nda, nvd before 14.0).
+#   netbsd   10.x GENERIC (sys/arch/amd64/conf/GENERIC): vioif, wm (82540 and 82574), re (8139C+:
+#            sys/dev/pci/if_re_pci.c returns 2 "to defeat rtk(4)"), vmx; ld at virtio, vioscsi
+#            (vioscsi(4): NetBSD 7.1/8.0), ahcisata and piixide (wd), nvme with ld at nvme (nvme(4):
+#            NetBSD 8.0; its first man page noted QEMU's emulated controller timing out on
+#            identify, not verified here since).
+#   openbsd  7.x GENERIC (sys/arch/amd64/conf/GENERIC): vio, em, re (sys/dev/pci/if_re_pci.c takes
+#            an RT8139 of revision 0x20), vmx; vioblk and vioscsi (sd), ahci (sd), pciide (wd), nvme
+#            (nvme(4): OpenBSD 6.0).
+# The BSDs cannot be booted on the machines this project is tested on: their entries come from the
+# sources above, not from a boot.
+
+_LINUX_NIC = {
+    NicModel.VIRTIO: "eth0",
+    NicModel.E1000: "eth0",
+    NicModel.E1000E: "eth0",
+    NicModel.RTL8139: "eth0",
+    NicModel.VMXNET3: "eth0",
+}
+_LINUX_DRV = {
+    NicModel.VIRTIO: "virtio_net",
+    NicModel.E1000: "e1000",
+    NicModel.E1000E: "e1000e",
+    NicModel.RTL8139: "8139cp",
+    NicModel.VMXNET3: "vmxnet3",
+}
+_LINUX_DISK = {
+    DiskBus.VIRTIO: "virtio_blk",
+    DiskBus.SCSI: "virtio_scsi",
+    DiskBus.SATA: "ahci",
+    DiskBus.IDE: "ata_piix",
+    DiskBus.NVME: "nvme",
+}
+_ALPINE_NIC: dict[NicModel, str] = {m: d for m, d in _LINUX_NIC.items() if m is not NicModel.RTL8139}
+_ALPINE_DRV: dict[NicModel, str] = {m: d for m, d in _LINUX_DRV.items() if m is not NicModel.RTL8139}
+
+
+def _bsd_nics(virtio: str, intel: str) -> dict[str, Any]:  # OsFacts keyword arguments
+    """A BSD's NIC tables: its virtio and Intel (82540 and 82574 alike) drivers; QEMU's RTL8139C+ is
+    re(4) and vmxnet3 vmx(4) on all three. The first interface is the driver's name and unit 0."""
+    drivers = {
+        NicModel.VIRTIO: virtio,
+        NicModel.E1000: intel,
+        NicModel.E1000E: intel,
+        NicModel.RTL8139: "re",
+        NicModel.VMXNET3: "vmx",
+    }
+    return {"nic_driver": drivers, "nic_device": {m: f"{d}0" for m, d in drivers.items()}}
+
 
 _BSD_CPU = "sysctl -n kern.cp_time"
-_LINUX_WATCHED = ("net.ipv4.tcp_congestion_control", "net.core.rmem_max", "net.core.wmem_max",
-                  "net.ipv4.tcp_rmem", "net.ipv4.tcp_wmem")
+_LINUX_WATCHED = (
+    "net.ipv4.tcp_congestion_control",
+    "net.core.rmem_max",
+    "net.core.wmem_max",
+    "net.ipv4.tcp_rmem",
+    "net.ipv4.tcp_wmem",
+)
 
-# The bare-metal cell (lab.baremetal): the CPU time of the cell's own cgroup as a /proc/stat
+# The bare-metal cell (lab.backends.local.baremetal): the CPU time of the cell's own cgroup as a /proc/stat
 # line, so the busy % counts the machine-under-test side only, not the load generator that runs on
 # the same host. Microseconds: user and system from the cgroup (v2 cpu.stat, which the kernel keeps
 # monotonic; v1 cpuacct.usage_user/usage_sys, tick-granular), idle = wall time since LAB_T0 x CPUs
 # - busy. The wall clock is read first, the counters after. Without a cgroup: the whole host's.
 BARE_METAL_TICKS = (
-    'w=$(( ($(date +%s%N) - LAB_T0) / 1000 )); '
+    "w=$(( ($(date +%s%N) - LAB_T0) / 1000 )); "
     'if [ -r "$LAB_CGROUP/cpu.stat" ]; then '
     'u=$(sed -n "s/^user_usec //p" "$LAB_CGROUP/cpu.stat"); s=$(sed -n "s/^system_usec //p" "$LAB_CGROUP/cpu.stat"); '
     'elif [ -r "$LAB_CGROUP/cpuacct.usage_user" ]; then '
     'u=$(( $(cat "$LAB_CGROUP/cpuacct.usage_user") / 1000 )); s=$(( $(cat "$LAB_CGROUP/cpuacct.usage_sys") / 1000 )); '
-    'else exec head -n1 /proc/stat; fi; '
+    "else exec head -n1 /proc/stat; fi; "
     'i=$(( w * $(nproc) - u - s )); [ "$i" -lt 0 ] && i=0; echo "cpu $u 0 $s $i 0 0 0 0"'
 )
 
 # modprobe: bbr (and any cc but the built-in cubic/reno) is a module; a failed load shows as a
 # sysctl error naming the algorithm, which apply() reports.
-_LINUX_CC = dict(cc_default="cubic", cc_available=("cubic", "reno", "bbr", "htcp", "vegas", "westwood"),
-                 cc_set="modprobe -q tcp_{cc} 2>/dev/null; sysctl -q -w net.ipv4.tcp_congestion_control={cc}",
-                 cc_key="net.ipv4.tcp_congestion_control")
-_LINUX_OFFLOADS = dict(
+_LINUX_CC: dict[str, Any] = dict(  # OsFacts keyword arguments, shared
+    cc_default="cubic",
+    cc_available=("cubic", "reno", "bbr", "htcp", "vegas", "westwood"),
+    cc_set="modprobe -q tcp_{cc} 2>/dev/null; sysctl -q -w net.ipv4.tcp_congestion_control={cc}",
+    cc_key="net.ipv4.tcp_congestion_control",
+)
+_LINUX_OFFLOADS: dict[str, Any] = dict(  # OsFacts keyword arguments, shared
     offload_set={f: f"ethtool -K {{dev}} {f} {{state}}" for f in ("lro", "tso", "gro")},
     offload_get="ethtool -k {dev}",
     netem_set="modprobe -q sch_netem 2>/dev/null; tc qdisc replace dev {dev} root netem {args}",
@@ -119,77 +200,167 @@ _LINUX_OFFLOADS = dict(
 
 OSES: dict[str, OsFacts] = {
     "debian": OsFacts(
-        name="debian", family="linux", nic_device=_LINUX_NIC, nic_driver=_LINUX_DRV,
-        packages={"sysbench": "sysbench", "iperf3": "iperf3", "nginx": "nginx-light", "git": "git",
-                  "curl": "curl", "podman": "podman"},
-        sysctl_watched=_LINUX_WATCHED, **_LINUX_CC, **_LINUX_OFFLOADS,
+        name="debian",
+        family="linux",
+        nic_device=_LINUX_NIC,
+        nic_driver=_LINUX_DRV,
+        disk_driver=_LINUX_DISK,
+        packages={
+            "sysbench": "sysbench",
+            "iperf3": "iperf3",
+            "nginx": "nginx-light",
+            "git": "git",
+            "curl": "curl",
+            "podman": "podman",
+        },
+        sysctl_watched=_LINUX_WATCHED,
+        **_LINUX_CC,
+        **_LINUX_OFFLOADS,
     ),
-    # Not an image: the host itself, as the bare-metal cell sees it (lab.baremetal).
+    # Not an image: the host itself, as the bare-metal cell sees it (lab.backends.local.baremetal).
     "bare-metal": OsFacts(
-        name="bare-metal", family="linux", nic_device=_LINUX_NIC, nic_driver=_LINUX_DRV,
+        name="bare-metal",
+        family="linux",
+        nic_device=_LINUX_NIC,
+        nic_driver=_LINUX_DRV,
+        disk_driver={},  # the host's own disks: there is no bus to choose
         packages={"sysbench": "sysbench", "iperf3": "iperf3", "nginx": "nginx-light", "curl": "curl"},
         cpu_ticks_cmd=BARE_METAL_TICKS,
     ),
     "alpine": OsFacts(
-        name="alpine", family="linux", nic_device=_LINUX_NIC, nic_driver=_LINUX_DRV,
-        packages={"sysbench": "sysbench", "iperf3": "iperf3", "nginx": "nginx", "git": "git",
-                  "curl": "curl", "podman": "podman", "openssl": "openssl",
-                  "agent": "qemu-guest-agent"},
-        sysctl_watched=_LINUX_WATCHED, sysctl_dir="debian", **_LINUX_CC, **_LINUX_OFFLOADS,
-        nginx=NginxFacts(user="nginx", conf="/etc/nginx/nginx.conf", mime_types="/etc/nginx/mime.types",
-                         pid="/run/nginx/nginx.pid", error_log="/var/log/nginx/error.log",
-                         cert_dir="/etc/nginx"),
+        name="alpine",
+        family="linux",
+        nic_device=_ALPINE_NIC,
+        nic_driver=_ALPINE_DRV,
+        disk_driver=_LINUX_DISK,
+        packages={
+            "sysbench": "sysbench",
+            "iperf3": "iperf3",
+            "nginx": "nginx",
+            "git": "git",
+            "curl": "curl",
+            "podman": "podman",
+            "openssl": "openssl",
+            "agent": "qemu-guest-agent",
+        },
+        sysctl_watched=_LINUX_WATCHED,
+        sysctl_dir="debian",
+        **_LINUX_CC,
+        **_LINUX_OFFLOADS,
+        nginx=NginxFacts(
+            user="nginx",
+            conf="/etc/nginx/nginx.conf",
+            mime_types="/etc/nginx/mime.types",
+            pid="/run/nginx/nginx.pid",
+            error_log="/var/log/nginx/error.log",
+            cert_dir="/etc/nginx",
+        ),
     ),
     "freebsd": OsFacts(
-        name="freebsd", family="freebsd",
-        nic_device={NicModel.VIRTIO: "vtnet0", NicModel.E1000: "em0", NicModel.E1000E: "em0"},
-        nic_driver={NicModel.VIRTIO: "vtnet", NicModel.E1000: "em", NicModel.E1000E: "em"},
-        packages={"sysbench": "sysbench", "iperf3": "iperf3", "nginx": "nginx", "git": "git-lite",
-                  "curl": "curl", "podman": "podman-suite", "agent": "qemu-guest-agent"},
-        cpu_ticks_cmd=_BSD_CPU, ncpu_cmd="sysctl -n hw.ncpu", mem_kib_cmd="echo $(( $(sysctl -n hw.physmem) / 1024 ))",
+        name="freebsd",
+        family="freebsd",
+        **_bsd_nics(virtio="vtnet", intel="em"),
+        disk_driver={
+            DiskBus.VIRTIO: "virtio_blk",
+            DiskBus.SCSI: "virtio_scsi",
+            DiskBus.SATA: "ahci",
+            DiskBus.IDE: "ata",
+            DiskBus.NVME: "nvme",
+        },
+        packages={
+            "sysbench": "sysbench",
+            "iperf3": "iperf3",
+            "nginx": "nginx",
+            "git": "git-lite",
+            "curl": "curl",
+            "podman": "podman-suite",
+            "agent": "qemu-guest-agent",
+        },
+        cpu_ticks_cmd=_BSD_CPU,
+        ncpu_cmd="sysctl -n hw.ncpu",
+        mem_kib_cmd="echo $(( $(sysctl -n hw.physmem) / 1024 ))",
         nic_driver_cmd="ifconfig -l | tr ' ' '\\n' | grep -v '^lo' | head -n1 | sed 's/[0-9]*$//'",
         sysctl_set="sysctl {key}={value}",
         sysctl_watched=("kern.ipc.maxsockbuf", "net.inet.tcp.functions_default"),
         # TCP stacks: "freebsd" is the default; bbr and rack are modules (tcp_bbr, tcp_rack).
-        cc_default="freebsd", cc_available=("freebsd", "rack", "bbr"),
+        cc_default="freebsd",
+        cc_available=("freebsd", "rack", "bbr"),
         cc_set="kldload -n tcp_{cc} 2>/dev/null; sysctl -q net.inet.tcp.functions_default={cc}",
         cc_key="net.inet.tcp.functions_default",
         offload_set={"lro": "ifconfig {dev} {flag}lro", "tso": "ifconfig {dev} {flag}tso"},
         offload_get="ifconfig -m {dev}",
-        nginx=NginxFacts(user="www", conf="/usr/local/etc/nginx/nginx.conf",
-                         mime_types="/usr/local/etc/nginx/mime.types", pid="/var/run/nginx.pid",
-                         error_log="/var/log/nginx/error.log", cert_dir="/usr/local/etc/nginx"),
-        serial_device="/dev/ttyu0", install_disk="vtbd0",
+        nginx=NginxFacts(
+            user="www",
+            conf="/usr/local/etc/nginx/nginx.conf",
+            mime_types="/usr/local/etc/nginx/mime.types",
+            pid="/var/run/nginx.pid",
+            error_log="/var/log/nginx/error.log",
+            cert_dir="/usr/local/etc/nginx",
+        ),
+        serial_device="/dev/ttyu0",
+        install_disk="vtbd0",
     ),
     "netbsd": OsFacts(
-        name="netbsd", family="netbsd",
-        nic_device={NicModel.VIRTIO: "vioif0", NicModel.E1000: "wm0", NicModel.E1000E: "wm0"},
-        nic_driver={NicModel.VIRTIO: "vioif", NicModel.E1000: "wm", NicModel.E1000E: "wm"},
-        packages={"sysbench": "sysbench", "iperf3": "iperf3", "nginx": "nginx", "git": "git-base",
-                  "curl": "curl"},
-        cpu_ticks_cmd=_BSD_CPU, ncpu_cmd="sysctl -n hw.ncpu", mem_kib_cmd="echo $(( $(sysctl -n hw.physmem64) / 1024 ))",
+        name="netbsd",
+        family="netbsd",
+        **_bsd_nics(virtio="vioif", intel="wm"),
+        disk_driver={
+            DiskBus.VIRTIO: "ld",
+            DiskBus.SCSI: "vioscsi",
+            DiskBus.SATA: "ahcisata",
+            DiskBus.IDE: "piixide",
+            DiskBus.NVME: "nvme",
+        },
+        packages={"sysbench": "sysbench", "iperf3": "iperf3", "nginx": "nginx", "git": "git-base", "curl": "curl"},
+        cpu_ticks_cmd=_BSD_CPU,
+        ncpu_cmd="sysctl -n hw.ncpu",
+        mem_kib_cmd="echo $(( $(sysctl -n hw.physmem64) / 1024 ))",
         nic_driver_cmd="ifconfig -l | tr ' ' '\\n' | grep -v '^lo' | head -n1 | sed 's/[0-9]*$//'",
         sysctl_set="sysctl -w {key}={value}",
         sysctl_watched=("kern.sbmax", "net.inet.tcp.congctl.selected"),
-        cc_default="newreno", cc_available=("newreno", "cubic"),
-        cc_set="sysctl -q -w net.inet.tcp.congctl.selected={cc}", cc_key="net.inet.tcp.congctl.selected",
-        nginx=NginxFacts(user="nginx", conf="/usr/pkg/etc/nginx/nginx.conf",
-                         mime_types="/usr/pkg/etc/nginx/mime.types", pid="/var/run/nginx.pid",
-                         error_log="/var/log/nginx/error.log", cert_dir="/usr/pkg/etc/nginx"),
-        serial_device="/dev/tty00", install_disk="ld0",
+        cc_default="newreno",
+        cc_available=("newreno", "cubic"),
+        cc_set="sysctl -q -w net.inet.tcp.congctl.selected={cc}",
+        cc_key="net.inet.tcp.congctl.selected",
+        nginx=NginxFacts(
+            user="nginx",
+            conf="/usr/pkg/etc/nginx/nginx.conf",
+            mime_types="/usr/pkg/etc/nginx/mime.types",
+            pid="/var/run/nginx.pid",
+            error_log="/var/log/nginx/error.log",
+            cert_dir="/usr/pkg/etc/nginx",
+        ),
+        serial_device="/dev/tty00",
+        install_disk="ld0",
     ),
     "openbsd": OsFacts(
-        name="openbsd", family="openbsd",
-        nic_device={NicModel.VIRTIO: "vio0", NicModel.E1000: "em0", NicModel.E1000E: "em0"},
-        nic_driver={NicModel.VIRTIO: "vio", NicModel.E1000: "em", NicModel.E1000E: "em"},
-        packages={"sysbench": "sysbench", "iperf3": "iperf3", "nginx": "nginx", "git": "git",
-                  "curl": "curl"},
+        name="openbsd",
+        family="openbsd",
+        **_bsd_nics(virtio="vio", intel="em"),
+        disk_driver={
+            DiskBus.VIRTIO: "vioblk",
+            DiskBus.SCSI: "vioscsi",
+            DiskBus.SATA: "ahci",
+            DiskBus.IDE: "pciide",
+            DiskBus.NVME: "nvme",
+        },
+        packages={"sysbench": "sysbench", "iperf3": "iperf3", "nginx": "nginx", "git": "git", "curl": "curl"},
         # nginx: OpenBSD's package chroots to /var/www unless started with -u (see provision-openbsd.sh)
-        nginx=NginxFacts(user="www", conf="/etc/nginx/nginx.conf", mime_types="/etc/nginx/mime.types",
-                         pid="/var/run/nginx.pid", error_log="/var/www/logs/error.log", cert_dir="/etc/nginx"),
-        serial_device="/dev/tty00", install_disk="sd0",
-        cpu_ticks_cmd=_BSD_CPU, ncpu_cmd="sysctl -n hw.ncpuonline", mem_kib_cmd="echo $(( $(sysctl -n hw.physmem) / 1024 ))",
-        nic_driver_cmd="ifconfig -l | tr ' ' '\\n' | grep -v '^lo' | grep -v enc | grep -v pflog | head -n1 | sed 's/[0-9]*$//'",
+        nginx=NginxFacts(
+            user="www",
+            conf="/etc/nginx/nginx.conf",
+            mime_types="/etc/nginx/mime.types",
+            pid="/var/run/nginx.pid",
+            error_log="/var/www/logs/error.log",
+            cert_dir="/etc/nginx",
+        ),
+        serial_device="/dev/tty00",
+        install_disk="sd0",
+        cpu_ticks_cmd=_BSD_CPU,
+        ncpu_cmd="sysctl -n hw.ncpuonline",
+        mem_kib_cmd="echo $(( $(sysctl -n hw.physmem) / 1024 ))",
+        nic_driver_cmd="ifconfig -l | tr ' ' '\\n' | grep -v '^lo' | grep -v enc | grep -v pflog | head -n1"
+        " | sed 's/[0-9]*$//'",
         sysctl_set="sysctl {key}={value}",
     ),
 }

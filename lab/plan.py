@@ -3,39 +3,34 @@
 Besides the matrix cells a run can hold two kinds of extra cell ([suite] options):
 - an A/A twin (`noise_floor = true`): the first cell once more, as its own VM, so comparisons can
   show how much two identical setups differ (id `c01-aa`, label `<label>#aa`);
-- a bare-metal cell per local host (`bare_metal = true`): the suite run on the host itself, the
-  baseline of "VM x % vs bare metal" tables (id `bm01`, label `<host>/bare-metal`).
+- a bare-metal cell per local host and isolation kind (`bare_metal = true`): the suite run on the
+  host itself, the baseline of "VM x % vs bare metal" tables (id `bm01`, label `<host>/bare-metal`),
+  or in a container on it (`<host>/bare-metal/isolation=container`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import random
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, ClassVar, Final, Literal
 
-from lab import osfacts, tuning
-from lab.config import AXES, BARE_METAL_BACKENDS, KNOWN_IMAGES, LabConfig, parse_offloads
-from lab.model import CloneKind, DiskBus, NicModel
+from lab import axes as axes_table, backends, osfacts, stats, tuning
+from lab.axes import AXES_TABLE
+from lab.labconfig import KNOWN_IMAGES, LabConfig
+from lab.model import ImageRef, Isolation, VmSpec
 
 
-@dataclass(frozen=True)
-class Cell:
-    index: int  # 1-based position in the matrix (stable: the same lab.toml gives the same index)
-    host: str
-    image: str
-    nic: NicModel
-    vcpus: int
-    memory_mib: int
-    disk_bus: DiskBus
-    clone: CloneKind
-    tuning: str
-    cc: str = "default"
-    offloads: str = "default"
-    wan: str = "none"
-    replica: int = 1  # 2: the A/A twin of the cell with the same axes ([suite] noise_floor)
+class _CellBase:
+    """A matrix cell: `index` (its 1-based position in the matrix: the same lab.toml gives the same
+    index), one attribute per axis of lab.axes (cell.nic, cell.vcpus, ...) and `replica` (2: the
+    A/A twin of the cell with the same axes, [suite] noise_floor)."""
 
-    kind = "vm"
+    kind: ClassVar[Literal["vm"]] = "vm"  # a Literal: `unit.kind == "vm"` tells the type checker which Unit
+    index: int
+    replica: int
 
     @property
     def id(self) -> str:
@@ -44,40 +39,64 @@ class Cell:
 
     @property
     def label(self) -> str:
-        # The network axes appear only when set, so labels of labs without them stay as they were.
-        net = "".join(f"/{k}={v}" for k, v in self.network_axes().items())
-        return (f"{self.host}/{self.image}/{self.nic.value}/{self.vcpus}c/{self.memory_mib}m"
-                f"/{self.disk_bus.value}/{self.clone.value}/{self.tuning}{net}") + ("" if self.replica == 1 else TWIN_SUFFIX)
+        return axes_table.label(self.values()) + ("" if self.replica == 1 else TWIN_SUFFIX)
 
-    def network_axes(self) -> dict[str, str]:
-        """cc, offloads and wan where they are not their default."""
-        return {k: v for k, v, d in (("cc", self.cc, "default"), ("offloads", self.offloads, "default"),
-                                     ("wan", self.wan, "none")) if v != d}
+    def values(self) -> dict[str, Any]:
+        """Every axis -> this cell's value (enums as enums)."""
+        return {a.name: getattr(self, a.name) for a in AXES_TABLE}
 
     def axes(self) -> dict[str, object]:
-        axes: dict[str, object] = {
-            "host": self.host, "image": self.image, "nic": self.nic.value, "vcpus": self.vcpus,
-            "memory_mib": self.memory_mib, "disk_bus": self.disk_bus.value, "clone": self.clone.value,
-            "tuning": self.tuning, **self.network_axes(),
-        }
+        """What the store records with the cell and its samples: optional axes only when set."""
+        out: dict[str, object] = axes_table.as_dict(self.values())
         if self.replica != 1:
-            axes["replica"] = self.replica
-        return axes
+            out["replica"] = self.replica
+        return out
+
+    def machine(self) -> tuple:
+        """The machine's shape (the axes marked `machine`) and the replica: part of both signatures."""
+        return (*(a.plain(getattr(self, a.name)) for a in AXES_TABLE if a.machine), self.replica)
+
+
+# The cell record, generic over the axes table: index, one field per axis (in table order, each
+# with its axis's default), replica. Frozen and hashable; dataclasses.replace works on it.
+if TYPE_CHECKING:
+    # What the type checker sees: it cannot read the fields make_dataclass adds, so an axis
+    # attribute (cell.nic, cell.vcpus, ...) is Any to it; index, replica and the methods are typed.
+    @dataclasses.dataclass(frozen=True, init=False)
+    class Cell(_CellBase):
+        index: int
+        replica: int = 1
+
+        def __init__(self, index: int, *values: Any, replica: int = 1, **axes: Any) -> None: ...
+        def __getattr__(self, name: str) -> Any: ...
+else:
+    Cell = dataclasses.make_dataclass(
+        "Cell",
+        [
+            ("index", int),
+            *[(a.name, a.element, dataclasses.field(default=a.default)) for a in AXES_TABLE],
+            ("replica", int, dataclasses.field(default=1)),
+        ],
+        bases=(_CellBase,),
+        frozen=True,
+    )
+    Cell.__module__ = __name__
 
 
 TWIN_SUFFIX = "#aa"
-BARE_METAL = "bare-metal"
+BARE_METAL: Final = "bare-metal"
 
 
 @dataclass(frozen=True)
 class BareMetalCell:
-    """The suite run on a host itself (lab.baremetal): the baseline VMs are measured against."""
+    """The suite run on a host itself (lab.backends.local.baremetal): the baseline VMs are measured against."""
 
     index: int  # 1-based among the bare-metal cells
     host: str
     order_index: int  # position after the matrix cells (store ordering)
+    isolation: Isolation = Isolation.VM  # "vm": on the host itself (lab.isolation)
 
-    kind = BARE_METAL
+    kind: ClassVar[Literal["bare-metal"]] = BARE_METAL
 
     @property
     def id(self) -> str:
@@ -85,10 +104,13 @@ class BareMetalCell:
 
     @property
     def label(self) -> str:
-        return f"{self.host}/{BARE_METAL}"
+        return f"{self.host}/{BARE_METAL}" + axes_table.axis("isolation").in_label(self.isolation)
 
     def axes(self) -> dict[str, object]:
-        return {"host": self.host, "kind": BARE_METAL}
+        out: dict[str, object] = {"host": self.host, "kind": BARE_METAL}
+        if self.isolation != Isolation.VM:
+            out["isolation"] = self.isolation.value
+        return out
 
 
 Unit = Cell | BareMetalCell  # anything a run schedules
@@ -102,28 +124,45 @@ def _excluded(axes: dict[str, object], excludes: list[dict[str, object]]) -> boo
 
 
 def cells(cfg: LabConfig) -> list[Cell]:
+    """Every combination of the matrix's values, in table order, minus `exclude`. An excluded
+    combination keeps its index, so ids do not move when an exclude is added."""
     m = cfg.matrix
+    unset = {a.name: a.plain(a.default) for a in AXES_TABLE if a.optional}  # exclude may name them
     out: list[Cell] = []
-    index = 0
-    for combo in itertools.product(m.host, m.image, m.nic, m.vcpus, m.memory_mib, m.disk_bus,
-                                   m.clone, m.tuning, m.cc, m.offloads, m.wan):
-        index += 1
+    for index, combo in enumerate(itertools.product(*(getattr(m, a.name) for a in AXES_TABLE)), start=1):
         cell = Cell(index, *combo)
-        if not _excluded(cell.axes(), m.exclude):
+        if not _excluded({**unset, **cell.axes()}, m.exclude):
             out.append(cell)
     return out
 
 
+def vm_spec(cell: Cell, image: ImageRef, *, run_id: str, expires_at: float = 0.0) -> VmSpec:
+    """What a cell asks its host's backend to make: the VmSpec fields the axes table marks `in_spec`."""
+    name = f"lab-{run_id}-{cell.id}"
+    return VmSpec(
+        name=name,
+        run_id=run_id,
+        cell_id=cell.id,
+        image=image,
+        expires_at=expires_at,
+        labels={"run": run_id, "cell": cell.id},
+        **{a.name: getattr(cell, a.name) for a in AXES_TABLE if a.in_spec},
+    )
+
+
 def units(cfg: LabConfig) -> list[Unit]:
     """Everything a run measures: the matrix cells, the A/A twin of the first one if
-    [suite] noise_floor, and a bare-metal cell per host that can run one if [suite] bare_metal."""
-    out: list[Unit] = list(cells(cfg))
+    [suite] noise_floor, and a bare-metal cell per host that can run one and per isolation kind of
+    the matrix (the host itself first) if [suite] bare_metal."""
+    matrix = cells(cfg)
+    out: list[Unit] = list(matrix)
     last = max((c.index for c in out), default=0)
-    if cfg.suite.noise_floor and out:
-        out.append(replace(out[0], replica=2))
+    if cfg.suite.noise_floor and matrix:
+        out.append(replace(matrix[0], replica=2))
     if cfg.suite.bare_metal:
-        hosts = [h for h in cfg.matrix.host if cfg.hosts[h].backend in BARE_METAL_BACKENDS]
-        out += [BareMetalCell(i, h, last + 1 + i) for i, h in enumerate(hosts, start=1)]
+        hosts = [h for h in cfg.matrix.host if backends.capabilities(cfg.hosts[h]).bare_metal]
+        both = [(h, k) for h in hosts for k in sorted(cfg.matrix.isolation, key=lambda k: k != Isolation.VM)]
+        out += [BareMetalCell(i, h, last + 1 + i, k) for i, (h, k) in enumerate(both, start=1)]
     return out
 
 
@@ -133,8 +172,7 @@ def static_signature(cfg: LabConfig, cell: Cell) -> tuple:
     else the OS's default), the offloads asked for and the netem parameters (a profile of zeros is
     no emulation). A cell whose knobs cannot apply keeps its own names (it is n/a, not a twin)."""
     facts = osfacts.facts(KNOWN_IMAGES[cell.image])
-    machine = (cell.host, cell.image, cell.nic.value, cell.vcpus, cell.memory_mib, cell.disk_bus.value,
-               cell.clone.value, cell.replica)
+    machine = cell.machine()
     sysctls = tuning.render(facts.name, cell.tuning)
     if sysctls is None or (cell.cc != "default" and cell.cc not in facts.cc_available):
         return machine + ("n/a", cell.tuning, cell.cc, cell.offloads, cell.wan)
@@ -143,16 +181,29 @@ def static_signature(cfg: LabConfig, cell: Cell) -> tuple:
     sysctls.pop(facts.cc_key, None)
     wan = cfg.wan.get(cell.wan)
     wan_key = None if wan is None or wan.is_null else tuple(sorted(wan.model_dump().items()))
-    return machine + (tuple(sorted(sysctls.items())), cc, tuple(sorted(parse_offloads(cell.offloads).items())), wan_key)
+    return machine + (
+        tuple(sorted(sysctls.items())),
+        cc,
+        tuple(sorted(tuning.parse_offloads(cell.offloads).items())),
+        wan_key,
+    )
 
 
 def effective_signature(cell: Cell, in_effect: dict) -> str:
     """Pure: a booted cell's machine and the tuning read back from its guest (`in_effect`: the
     cell's "tuning" facts), never the names asked for. Two cells with the same signature ran the
     same configuration; the later is a duplicate (found by read-back)."""
-    return json.dumps([cell.host, cell.image, cell.nic.value, cell.vcpus, cell.memory_mib, cell.disk_bus.value,
-                       cell.clone.value, cell.replica, in_effect["effective"], in_effect["cc"]["effective"],
-                       in_effect["offloads"]["effective"], in_effect["wan"].get("netem")], sort_keys=True, default=str)
+    return json.dumps(
+        [
+            *cell.machine(),
+            in_effect["effective"],
+            in_effect["cc"]["effective"],
+            in_effect["offloads"]["effective"],
+            in_effect["wan"].get("netem"),
+        ],
+        sort_keys=True,
+        default=str,
+    )
 
 
 def equivalents(cfg: LabConfig, cells_: list[Unit]) -> dict[str, str]:
@@ -199,4 +250,39 @@ def rounds(repetitions: int, per_boot: int) -> list[int]:
     return [per_boot] * full + ([rest] if rest else [])
 
 
-assert set(AXES) == set(Cell.__dataclass_fields__) - {"index", "replica"}
+def comparisons(cells_: list[Unit]) -> list[tuple[str, list[str]]]:
+    """The comparisons a run's cells allow: (axis, its values) for each matrix axis along which two
+    cells differ in that axis only, and ("kind", ["vm", "bare-metal"]) with a bare-metal cell."""
+    vms = [c for c in cells_ if isinstance(c, Cell) and c.replica == 1]
+    out = []
+    for axis in AXES_TABLE:
+        groups: dict[tuple, set] = {}
+        for c in vms:
+            rest = tuple(str(axis_.plain(getattr(c, axis_.name))) for axis_ in AXES_TABLE if axis_ is not axis)
+            groups.setdefault(rest, set()).add(str(axis.plain(getattr(c, axis.name))))
+        paired = {v for vals in groups.values() if len(vals) > 1 for v in vals}
+        if paired:
+            order = [str(axis.plain(getattr(c, axis.name))) for c in vms]
+            out.append((axis.name, sorted(paired, key=order.index)))
+    if vms and any(isinstance(c, BareMetalCell) for c in cells_):
+        out.append(("kind", ["vm", BARE_METAL]))
+    return out
+
+
+def verdict_reach(cells_: list[Unit], n: int, *, setting: str, alpha: float = 0.05) -> tuple[bool, str]:
+    """Can the comparisons these cells allow give a verdict with `n` repetitions a side (the exact
+    two-sided Mann-Whitney test's smallest p, lab.stats.min_exact_p)? (True, what it can reach) or
+    (False, one warning line naming `setting` and the n that would do). (True, "") with nothing to compare."""
+    found = comparisons(cells_)
+    if not found:
+        return True, ""
+    what = " and ".join(f"{axis} {' vs '.join(values)}" for axis, values in found)
+    best = stats.min_exact_p(n, n)
+    if best < alpha:
+        return True, f"{what} can reach p = {best:.2g} with {n} repetitions a side (a verdict needs < {alpha:g})"
+    enough = next(k for k in range(n + 1, 100) if stats.min_exact_p(k, k) < alpha)
+    return False, (
+        f"{setting}: {what} can reach p = {best:.2g} at best, never < {alpha:g}; "
+        f"repetitions = {enough} gives {stats.min_exact_p(enough, enough):.2g}, "
+        f"{enough + 1} gives {stats.min_exact_p(enough + 1, enough + 1):.2g}"
+    )

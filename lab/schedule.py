@@ -1,11 +1,11 @@
 """Pure: the repetition policy. How many measured repetitions a workload gets in a cell.
 
 Fixed n (`[suite] repetitions`), or adaptive (`target_ci_pct`): at least `repetitions` (and at
-least ADAPTIVE_MIN_N before the CI counts), then one more at a time until the 95 % bootstrap CI of the median (lab.stats.ci_width_ok) of every
-throughput-like metric of the workload (higher is better, not flagged) lies within
-+-target_ci_pct % of its median, or a budget is spent: `max_repetitions`, or `max_seconds` of
-measured time (each cell and workload has its own budget). Why each one stopped is recorded in
-the run's manifest ("repetitions").
+least ADAPTIVE_MIN_N before the CI counts), then one more at a time until the 95 % bootstrap CI
+of the median (lab.stats.ci_width_ok) of every throughput-like metric of the workload (higher is
+better, not flagged) lies within +-target_ci_pct % of its median, or a budget is spent:
+`max_repetitions`, or `max_seconds` of measured time (each cell and workload has its own budget).
+Why each one stopped is recorded in the run's manifest ("repetitions").
 
 Only throughput-like metrics steer it: latencies' tails and error counters are noisy by nature
 and would spend the whole budget every time; they are measured as often as the throughputs.
@@ -16,10 +16,11 @@ comparisons still require the rank test to agree (lab.compare).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
-from lab import stats
+from lab import flags, stats
 from lab.model import Sample
 
 # Below 5 repetitions the percentile bootstrap of a median is too narrow to steer by: at n = 3 it
@@ -57,8 +58,9 @@ class Tally:
 
 
 def target_metric(s: Sample) -> bool:
-    """Metrics that steer adaptive repetition: throughput-like ones from unflagged repetitions."""
-    return s.higher_is_better is True and not s.labels.get("flagged") and not s.metric.startswith("cpu_")
+    """Metrics that steer adaptive repetition: throughput-like ones from unflagged repetitions
+    (a flag of the parser or of the host: lab.flags)."""
+    return s.higher_is_better is True and not flags.is_flagged(s.labels) and not s.metric.startswith("cpu_")
 
 
 def stop_reason(suite: Any, tally: Tally, *, seed: int = 0) -> str | None:
@@ -70,8 +72,9 @@ def stop_reason(suite: Any, tally: Tally, *, seed: int = 0) -> str | None:
     if tally.n >= ADAPTIVE_MIN_N and not tally.values:
         return f"no throughput-like metric to steer by; stopped at n = {tally.n}"
     target = suite.target_ci_pct / 100.0
-    wide = [m for m, v in sorted(tally.values.items())
-            if not stats.ci_width_ok(v, target, min_n=ADAPTIVE_MIN_N, seed=seed)]
+    wide = [
+        m for m, v in sorted(tally.values.items()) if not stats.ci_width_ok(v, target, min_n=ADAPTIVE_MIN_N, seed=seed)
+    ]
     if tally.n >= ADAPTIVE_MIN_N and not wide:
         return f"95 % CI of the median within ±{suite.target_ci_pct:g} % at n = {tally.n}"
     still = f"CI still wider than ±{suite.target_ci_pct:g} % for {', '.join(wide) or 'every metric'}"
@@ -80,6 +83,15 @@ def stop_reason(suite: Any, tally: Tally, *, seed: int = 0) -> str | None:
     if suite.max_seconds is not None and tally.seconds >= suite.max_seconds:
         return f"budget: {suite.max_seconds:g} s measured at n = {tally.n} ({still})"
     return None
+
+
+def minimum_n(suite: Any) -> int:
+    """The fewest measured repetitions a workload can end with in a cell (before any is flagged):
+    fixed n; adaptive, its minimum when a time budget can stop it there, else the first n at
+    which the CI may stop it (ADAPTIVE_MIN_N), within max_repetitions."""
+    if suite.target_ci_pct is None or suite.max_seconds is not None:
+        return suite.repetitions
+    return min(max(suite.repetitions, ADAPTIVE_MIN_N), suite.max_repetitions)
 
 
 def planned(suite: Any) -> str:
@@ -91,13 +103,19 @@ def planned(suite: Any) -> str:
 
 def describe(suite: Any, seed: int) -> dict[str, Any]:
     """The policy, as the run's manifest records it."""
-    out: dict[str, Any] = {"order": suite.order, "seed": seed, "repetitions": suite.repetitions,
-                           "warmup": suite.warmup}
+    out: dict[str, Any] = {"order": suite.order, "seed": seed, "repetitions": suite.repetitions, "warmup": suite.warmup}
     if suite.order == "interleaved":
         out["repetitions_per_boot"] = suite.repetitions_per_boot
     if suite.target_ci_pct is not None:
-        out.update({"target_ci_pct": suite.target_ci_pct, "max_repetitions": suite.max_repetitions,
-                    "max_seconds": suite.max_seconds})
+        out.update(
+            {
+                "target_ci_pct": suite.target_ci_pct,
+                "max_repetitions": suite.max_repetitions,
+                "max_seconds": suite.max_seconds,
+            }
+        )
+    out["foreign_load_pct"] = suite.foreign_load_pct  # the threshold samples were flagged at
+    out["quiet"] = {"seconds": suite.quiet_seconds, "timeout_s": suite.quiet_timeout_s}
     return out
 
 
@@ -105,12 +123,18 @@ def outcome(tallies: dict[tuple[str, str], Tally]) -> dict[str, dict[str, dict[s
     """cell -> workload -> {n, seconds, stopped}: what the policy did, for the manifest."""
     out: dict[str, dict[str, dict[str, Any]]] = {}
     for (cell, workload), t in sorted(tallies.items()):
-        out.setdefault(cell, {})[workload] = {"n": t.n, "seconds": round(t.seconds, 2),
-                                              "stopped": t.reason or "not finished"}
+        out.setdefault(cell, {})[workload] = {
+            "n": t.n,
+            "seconds": round(t.seconds, 2),
+            "stopped": t.reason or "not finished",
+        }
     return out
 
 
 def skipped(tallies: dict[tuple[str, str], Tally], cell_id: str) -> dict[str, str]:
     """The workloads a cell skipped (the bare-metal cell: a tool the host lacks), and why."""
-    return {w: t.reason.removeprefix("skipped: ") for (c, w), t in sorted(tallies.items())
-            if c == cell_id and t.reason.startswith("skipped: ")}
+    return {
+        w: t.reason.removeprefix("skipped: ")
+        for (c, w), t in sorted(tallies.items())
+        if c == cell_id and t.reason.startswith("skipped: ")
+    }

@@ -32,6 +32,8 @@ import numpy as np
 Values = Sequence[float] | np.ndarray  # a flat sequence of finite numbers
 
 DEFAULT_CONFIDENCE = 0.95
+
+
 def _scipy_stats():
     """scipy.stats, imported on first use: it takes about 1 s, which every CLI call (and the
     bad-input tests' hundreds of them) would otherwise pay before parsing an argument."""
@@ -134,8 +136,14 @@ def _safe_ratio(num: np.ndarray | float, den: np.ndarray | float) -> np.ndarray:
     return np.where(den == 0.0, at_zero, plain)
 
 
-def _percentile_ci(data: tuple[np.ndarray, ...], statistic: Callable[..., np.ndarray], *, confidence: float,
-                   n_resamples: int, seed: int) -> tuple[float, float]:
+def _percentile_ci(
+    data: tuple[np.ndarray, ...],
+    statistic: Callable[..., np.ndarray],
+    *,
+    confidence: float,
+    n_resamples: int,
+    seed: int,
+) -> tuple[float, float]:
     if n_resamples < 1:
         raise ValueError(f"n_resamples must be >= 1, got {n_resamples}")
     # Infinite resample ratios (a zero median in a resample) make scipy's standard-error
@@ -159,8 +167,9 @@ def _percentile_ci(data: tuple[np.ndarray, ...], statistic: Callable[..., np.nda
 # public API
 
 
-def median_ci(values: Values, *, seed: int = 0, confidence: float = DEFAULT_CONFIDENCE,
-              n_resamples: int = DEFAULT_N_RESAMPLES) -> tuple[float, float]:
+def median_ci(
+    values: Values, *, seed: int = 0, confidence: float = DEFAULT_CONFIDENCE, n_resamples: int = DEFAULT_N_RESAMPLES
+) -> tuple[float, float]:
     """Percentile-bootstrap CI of the median. One value or identical values -> (v, v)."""
     _check_confidence(confidence)
     arr = _as_array(values)
@@ -169,8 +178,9 @@ def median_ci(values: Values, *, seed: int = 0, confidence: float = DEFAULT_CONF
     return _percentile_ci((arr,), _median, confidence=confidence, n_resamples=n_resamples, seed=seed)
 
 
-def summarize(values: Values, *, seed: int = 0, confidence: float = DEFAULT_CONFIDENCE,
-              n_resamples: int = DEFAULT_N_RESAMPLES) -> Summary:
+def summarize(
+    values: Values, *, seed: int = 0, confidence: float = DEFAULT_CONFIDENCE, n_resamples: int = DEFAULT_N_RESAMPLES
+) -> Summary:
     """Median, mean, range, spread and a bootstrap CI of the median of one set of repetitions.
 
     Raises ValueError for an empty sequence or non-finite values (a parser bug, not a result).
@@ -195,8 +205,14 @@ def summarize(values: Values, *, seed: int = 0, confidence: float = DEFAULT_CONF
     )
 
 
-def ratio_ci(a: Values, b: Values, *, seed: int = 0,
-             confidence: float = DEFAULT_CONFIDENCE, n_resamples: int = DEFAULT_N_RESAMPLES) -> RatioCI:
+def ratio_ci(
+    a: Values,
+    b: Values,
+    *,
+    seed: int = 0,
+    confidence: float = DEFAULT_CONFIDENCE,
+    n_resamples: int = DEFAULT_N_RESAMPLES,
+) -> RatioCI:
     """median(b) / median(a) and its percentile-bootstrap CI, resampling a and b independently.
 
     A side with one value or identical values is held fixed (resampling it changes nothing);
@@ -218,14 +234,20 @@ def ratio_ci(a: Values, b: Values, *, seed: int = 0,
         data, statistic = (xa,), (lambda sa, axis=-1: _safe_ratio(mb, np.median(sa, axis=axis)))
     else:
         data = (xa, xb)
-        statistic = lambda sa, sb, axis=-1: _safe_ratio(np.median(sb, axis=axis), np.median(sa, axis=axis))
+        statistic = lambda sa, sb, axis=-1: _safe_ratio(np.median(sb, axis=axis), np.median(sa, axis=axis))  # noqa: E731 - one Callable, as in the branches above
 
     lo, hi = _percentile_ci(data, statistic, confidence=confidence, n_resamples=n_resamples, seed=seed)
     return RatioCI(ratio, lo, hi, confidence)
 
 
-def noise_floor(first: Values, second: Values, *, seed: int = 0,
-                confidence: float = DEFAULT_CONFIDENCE, n_resamples: int = DEFAULT_N_RESAMPLES) -> RatioCI:
+def noise_floor(
+    first: Values,
+    second: Values,
+    *,
+    seed: int = 0,
+    confidence: float = DEFAULT_CONFIDENCE,
+    n_resamples: int = DEFAULT_N_RESAMPLES,
+) -> RatioCI:
     """A/A noise floor: two repetition sets of the *same* cell (e.g. the cell cloned twice).
 
     Returns their ratio and CI; `.band()` is the range of ratios that identical setups produce,
@@ -271,8 +293,15 @@ def mann_whitney(a: Values, b: Values, *, seed: int = 0) -> float | None:
     return float(min(1.0, max(0.0, res.pvalue)))
 
 
-def ci_width_ok(values: Values, target_rel_width: float, *, min_n: int = 3, seed: int = 0,
-                confidence: float = DEFAULT_CONFIDENCE, n_resamples: int = DEFAULT_N_RESAMPLES) -> bool:
+def ci_width_ok(
+    values: Values,
+    target_rel_width: float,
+    *,
+    min_n: int = 3,
+    seed: int = 0,
+    confidence: float = DEFAULT_CONFIDENCE,
+    n_resamples: int = DEFAULT_N_RESAMPLES,
+) -> bool:
     """For adaptive repetition: is the median's CI within +-target_rel_width of the median?
 
     True when both CI ends are within target_rel_width * |median| of the median (0.02 = +-2 %).

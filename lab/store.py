@@ -7,132 +7,45 @@ sample measured so far. Schema changes are numbered migrations, applied in order
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
+import threading
 import time
+import urllib.parse
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
-from lab.errors import LabError, UsageError
+from lab.errors import LabError, TimeoutError_, UsageError
 from lab.model import RawOutput, Sample
+from lab.storeschema import MIGRATIONS
+from lab.wait import wait_until
 
-MIGRATIONS: list[str] = [
-    # 1: the first schema
-    """
-    CREATE TABLE runs (
-        id TEXT PRIMARY KEY,
-        name TEXT NOT NULL,
-        started_at REAL NOT NULL,
-        finished_at REAL,
-        status TEXT NOT NULL,            -- running | done | failed | interrupted
-        error TEXT,
-        config_path TEXT,
-        config_text TEXT,
-        seed INTEGER,
-        lab_version TEXT,
-        manifest TEXT                    -- JSON: images (digests, tool versions), backends' facts
-    );
-    CREATE TABLE cells (
-        run_id TEXT NOT NULL REFERENCES runs(id),
-        cell_id TEXT NOT NULL,
-        idx INTEGER NOT NULL,
-        label TEXT NOT NULL,
-        axes TEXT NOT NULL,              -- JSON
-        status TEXT NOT NULL,            -- pending | running | done | failed | n/a | duplicate
-        stage TEXT,                      -- the stage reached (the failed one, if failed)
-        error TEXT,
-        started_at REAL,
-        finished_at REAL,
-        vm_name TEXT,
-        facts TEXT,                      -- JSON: accel, image digest, clone kind, tuning in effect...
-        PRIMARY KEY (run_id, cell_id)
-    );
-    CREATE TABLE leases (
-        id INTEGER PRIMARY KEY,
-        run_id TEXT NOT NULL,
-        cell_id TEXT NOT NULL,
-        host TEXT NOT NULL,
-        backend TEXT NOT NULL,
-        vm_name TEXT NOT NULL,
-        created_at REAL NOT NULL,
-        expires_at REAL NOT NULL,
-        released_at REAL,
-        detail TEXT
-    );
-    CREATE TABLE raw_outputs (
-        id INTEGER PRIMARY KEY,
-        run_id TEXT NOT NULL,
-        cell_id TEXT NOT NULL,
-        workload TEXT NOT NULL,
-        repetition INTEGER NOT NULL,     -- warm-up runs are negative: -1, -2, ...
-        command TEXT,
-        stdout TEXT,
-        stderr TEXT,
-        returncode INTEGER,
-        started_at REAL,
-        seconds REAL,
-        params TEXT,
-        extra TEXT
-    );
-    CREATE TABLE samples (
-        id INTEGER PRIMARY KEY,
-        run_id TEXT NOT NULL,
-        cell_id TEXT NOT NULL,
-        raw_id INTEGER REFERENCES raw_outputs(id),
-        workload TEXT NOT NULL,
-        metric TEXT NOT NULL,
-        value REAL NOT NULL,
-        unit TEXT NOT NULL,
-        higher_is_better INTEGER,        -- 1, 0 or NULL (informational)
-        repetition INTEGER NOT NULL,
-        labels TEXT NOT NULL
-    );
-    CREATE INDEX samples_run ON samples(run_id, cell_id, workload, metric);
-    CREATE TABLE host_facts (
-        id INTEGER PRIMARY KEY,
-        host TEXT NOT NULL,
-        fingerprint TEXT NOT NULL,
-        facts TEXT NOT NULL,
-        taken_at REAL NOT NULL
-    );
-    CREATE TABLE run_hosts (
-        run_id TEXT NOT NULL,
-        host TEXT NOT NULL,
-        host_facts_id INTEGER REFERENCES host_facts(id),
-        PRIMARY KEY (run_id, host)
-    );
-    """,
-    # 2: the executed order: one row per workload execution (warm-ups included), written when it
-    # starts and completed when it ends, so the order of cells and repetitions a run really
-    # followed (and where it was cut short) is in the store, not only the planned order.
-    """
-    CREATE TABLE executions (
-        id INTEGER PRIMARY KEY,          -- the execution order
-        run_id TEXT NOT NULL,
-        cell_id TEXT NOT NULL,
-        round INTEGER NOT NULL,          -- 1 unless the run interleaves cells in rounds
-        workload TEXT NOT NULL,
-        repetition INTEGER NOT NULL,     -- warm-ups are negative, as in raw_outputs
-        started_at REAL NOT NULL,
-        finished_at REAL,
-        outcome TEXT NOT NULL,           -- running | ok | failed
-        raw_id INTEGER,
-        error TEXT
-    );
-    CREATE INDEX executions_run ON executions(run_id, id);
-    """,
-]
+_INSERT_SAMPLE = (
+    "INSERT INTO samples (run_id, cell_id, raw_id, workload, metric, value, unit, higher_is_better,"
+    " repetition, labels) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
 
 
-_INSERT_SAMPLE = ("INSERT INTO samples (run_id, cell_id, raw_id, workload, metric, value, unit, higher_is_better,"
-                  " repetition, labels) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
-
-
-def _sample_rows(run_id: str, cell_id: str, raw_id: int | None, workload: str, repetition: int,
-                 samples: list[Sample]) -> list[tuple]:
-    return [(run_id, cell_id, raw_id, workload, s.metric, float(s.value), s.unit,
-             None if s.higher_is_better is None else int(s.higher_is_better), repetition, _j(s.labels))
-            for s in samples]
+def _sample_rows(
+    run_id: str, cell_id: str, raw_id: int | None, workload: str, repetition: int, samples: list[Sample]
+) -> list[tuple]:
+    return [
+        (
+            run_id,
+            cell_id,
+            raw_id,
+            workload,
+            s.metric,
+            float(s.value),
+            s.unit,
+            None if s.higher_is_better is None else int(s.higher_is_better),
+            repetition,
+            _j(s.labels),
+        )
+        for s in samples
+    ]
 
 
 @dataclass(frozen=True)
@@ -188,6 +101,15 @@ class ExecutionRow:
     error: str | None
 
 
+@dataclass(frozen=True)
+class StageTimeRow:
+    cell_id: str
+    round: int
+    stage: str
+    workload: str | None
+    seconds: float
+
+
 def _j(value: Any) -> str:
     return json.dumps(value, sort_keys=True, default=str)
 
@@ -199,27 +121,48 @@ class StoreError(LabError):
 class _Connection(sqlite3.Connection):
     """Every SQLite failure (SQLITE_FULL on a full results disk, a locked or unreadable file)
     becomes a StoreError naming the store, so the CLI reports it in one line, not a traceback.
-    A failed statement or commit is rolled back by SQLite: what was committed before stays."""
+    A failed statement or commit is rolled back by SQLite: what was committed before stays.
+
+    One writer: the lanes of a run (lab.runner.lanes) share the store from several threads. Every
+    statement, and every `with db:` transaction as a whole, holds the connection's lock, so one
+    lane's autocommit write never lands inside another lane's open transaction."""
 
     where = "results store"
+    hint: str | None = None  # what to do, when not _HINT
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.lock = threading.RLock()
 
     def execute(self, *args, **kwargs):
-        try:
-            return super().execute(*args, **kwargs)
-        except sqlite3.Error as exc:
-            raise StoreError(f"{self.where}: {exc}", hint=_HINT) from None
+        with self.lock:
+            try:
+                return super().execute(*args, **kwargs)
+            except sqlite3.Error as exc:
+                raise StoreError(f"{self.where}: {exc}", hint=self.hint or _HINT) from None
 
     def executemany(self, *args, **kwargs):
+        with self.lock:
+            try:
+                return super().executemany(*args, **kwargs)
+            except sqlite3.Error as exc:
+                raise StoreError(f"{self.where}: {exc}", hint=self.hint or _HINT) from None
+
+    def __enter__(self):
+        self.lock.acquire()  # held until the transaction is committed or rolled back
         try:
-            return super().executemany(*args, **kwargs)
-        except sqlite3.Error as exc:
-            raise StoreError(f"{self.where}: {exc}", hint=_HINT) from None
+            return super().__enter__()
+        except BaseException:
+            self.lock.release()
+            raise
 
     def __exit__(self, *exc_info):
         try:
             return super().__exit__(*exc_info)
         except sqlite3.Error as exc:
-            raise StoreError(f"{self.where}: {exc}", hint=_HINT) from None
+            raise StoreError(f"{self.where}: {exc}", hint=self.hint or _HINT) from None
+        finally:
+            self.lock.release()
 
 
 _HINT = "free space in the results directory, then `lab run --resume RUN` continues the run"
@@ -228,39 +171,112 @@ _HINT = "free space in the results directory, then `lab run --resume RUN` contin
 class Store:
     FILENAME = "lab.db"
 
-    def __init__(self, results_dir: Path):
+    def __init__(self, results_dir: Path, *, readonly: bool | None = None):
+        """The store of `results_dir`, made if missing. `readonly`: True opens an existing store
+        for reading only; None (the default) does so when this process cannot write to it (a
+        read-only mount, a copy of someone else's results), so that reading commands still work."""
         self.dir = Path(results_dir)
+        self.path = self.dir / self.FILENAME
+        if readonly is None:
+            readonly = self.path.exists() and not (os.access(self.path, os.W_OK) and os.access(self.dir, os.W_OK))
+        self.readonly = readonly
+        if readonly:
+            self._open_readonly()
+            return
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise UsageError(f"cannot create results directory {self.dir}: {exc.strerror}") from None
-        self.path = self.dir / self.FILENAME
         try:
-            # isolation_level=None: autocommit; every statement is durable when it returns.
-            self.db = sqlite3.connect(self.path, isolation_level=None, timeout=30, check_same_thread=False,
-                                      factory=_Connection)
-            self.db.where = f"results store {self.path}"
+            # Two processes making one new store at once (`lab show` polling while `lab run` starts):
+            # switching it to WAL is refused at once ("locked"), without SQLite's busy wait: try again.
+            wait_until(
+                self._open_writable,
+                timeout=30,
+                what=f"results store {self.path} to be unlocked",
+                interval=0.02,
+                max_interval=0.5,
+            )
+        except (sqlite3.DatabaseError, StoreError, TimeoutError_) as exc:
+            raise StoreError(f"results store {self.path} is unusable: {getattr(exc, 'message', exc)}") from None
+
+    def _open_writable(self) -> bool:
+        """Connect, set the pragmas, migrate. False (closed again) when the file was locked."""
+        # isolation_level=None: autocommit; every statement is durable when it returns.
+        self.db = sqlite3.connect(
+            self.path, isolation_level=None, timeout=30, check_same_thread=False, factory=_Connection
+        )
+        self.db.where = f"results store {self.path}"
+        try:
             self.db.execute("PRAGMA journal_mode=WAL")
             self.db.execute("PRAGMA synchronous=NORMAL")
             self.db.execute("PRAGMA busy_timeout=30000")
             self._migrate()
-        except (sqlite3.DatabaseError, StoreError) as exc:
-            raise StoreError(f"results store {self.path} is unusable: {getattr(exc, 'message', exc)}") from None
+            return True
+        except StoreError as exc:
+            self.db.close()
+            if "database is locked" in str(exc):
+                return False
+            raise
+
+    def _open_readonly(self) -> None:
+        """Open for reading only, writing nothing beside the file: SQLite's read-only mode, and
+        where even that needs files it cannot make here (a WAL store in a directory this process
+        cannot write to), as an immutable file. A store of an older schema is refused: upgrading
+        it needs a write."""
+        if not self.path.is_file():
+            raise UsageError(f"no runs in {self.dir} (no {self.FILENAME})")
+        uri = "file:" + urllib.parse.quote(str(self.path.resolve()))
+        last: Exception | None = None
+        for query in ("mode=ro", "mode=ro&immutable=1"):
+            db = None
+            try:
+                db = sqlite3.connect(
+                    f"{uri}?{query}",
+                    uri=True,
+                    isolation_level=None,
+                    timeout=30,
+                    check_same_thread=False,
+                    factory=_Connection,
+                )
+                db.where = f"results store {self.path} (read-only)"
+                db.hint = "the store is read-only here: copy the results directory somewhere writable to change it"
+                version = db.execute("PRAGMA user_version").fetchone()[0]
+                self.db = db
+                break
+            except (sqlite3.Error, StoreError) as exc:
+                last = exc
+                if db is not None:
+                    db.close()
+        else:
+            raise StoreError(f"results store {self.path} cannot be read: {getattr(last, 'message', last)}")
+        if version != len(MIGRATIONS):
+            self.db.close()
+            newer = version > len(MIGRATIONS)
+            raise StoreError(
+                f"results store {self.path} (read-only) has schema {version}, this lab reads {len(MIGRATIONS)}",
+                hint="upgrade lab" if newer else "open it once where it can be written",
+            )
 
     def _migrate(self) -> None:
         version = self.db.execute("PRAGMA user_version").fetchone()[0]
-        if version > len(MIGRATIONS):
-            raise LabError(f"{self.path} was written by a newer lab (schema {version}); upgrade lab")
-        for number, sql in enumerate(MIGRATIONS[version:], start=version + 1):
-            self.db.execute("BEGIN IMMEDIATE")
-            try:
+        if version == len(MIGRATIONS):
+            return  # the common case: no write lock taken
+        # One migrator at a time: another process (a second `lab run`, `lab show` while a run
+        # starts) may be opening the same new store; the version is read again under the lock.
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            version = self.db.execute("PRAGMA user_version").fetchone()[0]
+            if version > len(MIGRATIONS):
+                raise LabError(f"{self.path} was written by a newer lab (schema {version}); upgrade lab")
+            for number, sql in enumerate(MIGRATIONS[version:], start=version + 1):
                 for stmt in filter(str.strip, sql.split(";")):
                     self.db.execute(stmt)
                 self.db.execute(f"PRAGMA user_version = {number}")
-                self.db.execute("COMMIT")
-            except Exception:
-                self.db.execute("ROLLBACK")
-                raise
+            self.db.execute("COMMIT")
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
 
     @property
     def schema_version(self) -> int:
@@ -270,20 +286,30 @@ class Store:
         self.db.close()
 
     # -- runs -------------------------------------------------------------------------------
-    def create_run(self, run_id: str, name: str, *, config_path: str, config_text: str, seed: int,
-                   lab_version: str, manifest: dict[str, Any]) -> None:
+    def create_run(
+        self,
+        run_id: str,
+        name: str,
+        *,
+        config_path: str,
+        config_text: str,
+        seed: int,
+        lab_version: str,
+        manifest: dict[str, Any],
+    ) -> None:
         self.db.execute(
             "INSERT INTO runs (id, name, started_at, status, config_path, config_text, seed, lab_version, manifest)"
             " VALUES (?, ?, ?, 'running', ?, ?, ?, ?, ?)",
-            (run_id, name, time.time(), config_path, config_text, seed, lab_version, _j(manifest)))
+            (run_id, name, time.time(), config_path, config_text, seed, lab_version, _j(manifest)),
+        )
 
     def finish_run(self, run_id: str, status: str, error: str | None = None) -> None:
-        self.db.execute("UPDATE runs SET status = ?, error = ?, finished_at = ? WHERE id = ?",
-                        (status, error, time.time(), run_id))
+        self.db.execute(
+            "UPDATE runs SET status = ?, error = ?, finished_at = ? WHERE id = ?", (status, error, time.time(), run_id)
+        )
 
     def reopen_run(self, run_id: str) -> None:
-        self.db.execute("UPDATE runs SET status = 'running', error = NULL, finished_at = NULL WHERE id = ?",
-                        (run_id,))
+        self.db.execute("UPDATE runs SET status = 'running', error = NULL, finished_at = NULL WHERE id = ?", (run_id,))
 
     def reset_cell(self, run_id: str, cell_id: str) -> None:
         """Forget an unfinished cell's partial results before it is run again (resume)."""
@@ -291,8 +317,11 @@ class Store:
             self.db.execute("BEGIN")
             self.db.execute("DELETE FROM samples WHERE run_id = ? AND cell_id = ?", (run_id, cell_id))
             self.db.execute("DELETE FROM raw_outputs WHERE run_id = ? AND cell_id = ?", (run_id, cell_id))
-            self.db.execute("UPDATE cells SET status = 'pending', stage = NULL, error = NULL, started_at = NULL,"
-                            " finished_at = NULL, facts = '{}' WHERE run_id = ? AND cell_id = ?", (run_id, cell_id))
+            self.db.execute(
+                "UPDATE cells SET status = 'pending', stage = NULL, error = NULL, started_at = NULL,"
+                " finished_at = NULL, facts = '{}' WHERE run_id = ? AND cell_id = ?",
+                (run_id, cell_id),
+            )
 
     def update_manifest(self, run_id: str, manifest: dict[str, Any]) -> None:
         self.db.execute("UPDATE runs SET manifest = ? WHERE id = ?", (_j(manifest), run_id))
@@ -300,7 +329,8 @@ class Store:
     def runs(self) -> list[RunRow]:
         rows = self.db.execute(
             "SELECT id, name, started_at, finished_at, status, error, seed, config_path, manifest"
-            " FROM runs ORDER BY started_at").fetchall()
+            " FROM runs ORDER BY started_at"
+        ).fetchall()
         return [RunRow(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], json.loads(r[8] or "{}")) for r in rows]
 
     def run(self, ref: str) -> RunRow:
@@ -327,13 +357,26 @@ class Store:
     # -- cells ------------------------------------------------------------------------------
     def add_cell(self, run_id: str, cell_id: str, idx: int, label: str, axes: dict[str, Any]) -> None:
         self.db.execute(
-            "INSERT INTO cells (run_id, cell_id, idx, label, axes, status, facts) VALUES (?, ?, ?, ?, ?, 'pending', '{}')",
-            (run_id, cell_id, idx, label, _j(axes)))
+            "INSERT INTO cells (run_id, cell_id, idx, label, axes, status, facts)"
+            " VALUES (?, ?, ?, ?, ?, 'pending', '{}')",
+            (run_id, cell_id, idx, label, _j(axes)),
+        )
 
-    def cell_update(self, run_id: str, cell_id: str, *, status: str | None = None, stage: str | None = None,
-                    error: str | None = None, vm_name: str | None = None, facts: dict[str, Any] | None = None,
-                    started: bool = False, finished: bool = False) -> None:
-        sets, args = [], []
+    def cell_update(
+        self,
+        run_id: str,
+        cell_id: str,
+        *,
+        status: str | None = None,
+        stage: str | None = None,
+        error: str | None = None,
+        vm_name: str | None = None,
+        facts: dict[str, Any] | None = None,
+        started: bool = False,
+        finished: bool = False,
+    ) -> None:
+        sets: list[str] = []
+        args: list[Any] = []
         for col, val in (("status", status), ("stage", stage), ("error", error), ("vm_name", vm_name)):
             if val is not None:
                 sets.append(f"{col} = ?")
@@ -348,36 +391,55 @@ class Store:
             sets.append("finished_at = ?")
             args.append(time.time())
         if sets:
-            self.db.execute(f"UPDATE cells SET {', '.join(sets)} WHERE run_id = ? AND cell_id = ?",
-                            (*args, run_id, cell_id))
+            self.db.execute(
+                f"UPDATE cells SET {', '.join(sets)} WHERE run_id = ? AND cell_id = ?", (*args, run_id, cell_id)
+            )
 
     def cells(self, run_id: str) -> list[CellRow]:
         rows = self.db.execute(
             "SELECT run_id, cell_id, idx, label, axes, status, stage, error, facts FROM cells"
-            " WHERE run_id = ? ORDER BY idx", (run_id,)).fetchall()
-        return [CellRow(r[0], r[1], r[2], r[3], json.loads(r[4]), r[5], r[6], r[7], json.loads(r[8] or "{}"))
-                for r in rows]
+            " WHERE run_id = ? ORDER BY idx",
+            (run_id,),
+        ).fetchall()
+        return [
+            CellRow(r[0], r[1], r[2], r[3], json.loads(r[4]), r[5], r[6], r[7], json.loads(r[8] or "{}")) for r in rows
+        ]
 
     # -- leases -----------------------------------------------------------------------------
-    def add_lease(self, run_id: str, cell_id: str, host: str, backend: str, vm_name: str,
-                  expires_at: float, detail: dict[str, Any] | None = None) -> int:
+    def cell_statuses(self, run_id: str) -> dict[str, str]:
+        """cell id -> status: what a lane that ends needs, without every cell's facts."""
+        return dict(self.db.execute("SELECT cell_id, status FROM cells WHERE run_id = ?", (run_id,)).fetchall())
+
+    def add_lease(
+        self,
+        run_id: str,
+        cell_id: str,
+        host: str,
+        backend: str,
+        vm_name: str,
+        expires_at: float,
+        detail: dict[str, Any] | None = None,
+    ) -> int:
         cur = self.db.execute(
             "INSERT INTO leases (run_id, cell_id, host, backend, vm_name, created_at, expires_at, detail)"
             " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            (run_id, cell_id, host, backend, vm_name, time.time(), expires_at, _j(detail or {})))
+            (run_id, cell_id, host, backend, vm_name, time.time(), expires_at, _j(detail or {})),
+        )
         return int(cur.lastrowid)
 
     def release_lease(self, lease_id: int) -> None:
         self.db.execute("UPDATE leases SET released_at = ? WHERE id = ?", (time.time(), lease_id))
 
     def release_leases_named(self, vm_name: str) -> None:
-        self.db.execute("UPDATE leases SET released_at = ? WHERE vm_name = ? AND released_at IS NULL",
-                        (time.time(), vm_name))
+        self.db.execute(
+            "UPDATE leases SET released_at = ? WHERE vm_name = ? AND released_at IS NULL", (time.time(), vm_name)
+        )
 
     def open_leases(self) -> list[dict[str, Any]]:
         rows = self.db.execute(
             "SELECT id, run_id, cell_id, host, backend, vm_name, created_at, expires_at FROM leases"
-            " WHERE released_at IS NULL ORDER BY id").fetchall()
+            " WHERE released_at IS NULL ORDER BY id"
+        ).fetchall()
         keys = ("id", "run_id", "cell_id", "host", "backend", "vm_name", "created_at", "expires_at")
         return [dict(zip(keys, r)) for r in rows]
 
@@ -386,82 +448,144 @@ class Store:
         cur = self.db.execute(
             "INSERT INTO raw_outputs (run_id, cell_id, workload, repetition, command, stdout, stderr, returncode,"
             " started_at, seconds, params, extra) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (run_id, cell_id, raw.workload, repetition, raw.command, raw.stdout, raw.stderr, raw.returncode,
-             raw.started, raw.seconds, _j(raw.params), _j(raw.extra)))
+            (
+                run_id,
+                cell_id,
+                raw.workload,
+                repetition,
+                raw.command,
+                raw.stdout,
+                raw.stderr,
+                raw.returncode,
+                raw.started,
+                raw.seconds,
+                _j(raw.params),
+                _j(raw.extra),
+            ),
+        )
         return int(cur.lastrowid)
 
     def raw_outputs(self, run_id: str) -> Iterable[tuple[int, str, int, RawOutput]]:
         rows = self.db.execute(
             "SELECT id, cell_id, repetition, workload, command, stdout, stderr, returncode, started_at, seconds,"
-            " params, extra FROM raw_outputs WHERE run_id = ? ORDER BY id", (run_id,)).fetchall()
+            " params, extra FROM raw_outputs WHERE run_id = ? ORDER BY id",
+            (run_id,),
+        ).fetchall()
         for r in rows:
-            yield r[0], r[1], r[2], RawOutput(r[3], r[4], r[5], r[6], r[7], r[8], r[9],
-                                              json.loads(r[10] or "{}"), json.loads(r[11] or "{}"))
+            yield (
+                r[0],
+                r[1],
+                r[2],
+                RawOutput(
+                    r[3], r[4], r[5], r[6], r[7], r[8], r[9], json.loads(r[10] or "{}"), json.loads(r[11] or "{}")
+                ),
+            )
 
-    def add_samples(self, run_id: str, cell_id: str, raw_id: int | None, workload: str, repetition: int,
-                    samples: list[Sample]) -> None:
+    def add_samples(
+        self, run_id: str, cell_id: str, raw_id: int | None, workload: str, repetition: int, samples: list[Sample]
+    ) -> None:
         with self.db:  # one transaction: a repetition's samples land together or not at all
             self.db.execute("BEGIN")
             self.db.executemany(_INSERT_SAMPLE, _sample_rows(run_id, cell_id, raw_id, workload, repetition, samples))
 
-    def replace_samples(self, run_id: str, rows: list[tuple[str, int | None, str, int, list[Sample]]]) -> None:
+    def replace_samples(self, run_id: str, rows: Sequence[tuple[str, int | None, str, int, list[Sample]]]) -> None:
         """A run's samples replaced by `rows` (cell, raw id, workload, repetition, samples) in one
         transaction: a reparse killed half-way leaves the old samples, never none."""
         with self.db:
             self.db.execute("BEGIN")
             self.db.execute("DELETE FROM samples WHERE run_id = ?", (run_id,))
             for cell_id, raw_id, workload, repetition, samples in rows:
-                self.db.executemany(_INSERT_SAMPLE, _sample_rows(run_id, cell_id, raw_id, workload, repetition,
-                                                                 samples))
+                self.db.executemany(
+                    _INSERT_SAMPLE, _sample_rows(run_id, cell_id, raw_id, workload, repetition, samples)
+                )
 
     def samples(self, run_id: str) -> list[SampleRow]:
         rows = self.db.execute(
             "SELECT run_id, cell_id, workload, metric, value, unit, higher_is_better, repetition, labels"
-            " FROM samples WHERE run_id = ? ORDER BY id", (run_id,)).fetchall()
-        return [SampleRow(r[0], r[1], r[2], r[3], r[4], r[5], None if r[6] is None else bool(r[6]), r[7],
-                          json.loads(r[8])) for r in rows]
+            " FROM samples WHERE run_id = ? ORDER BY id",
+            (run_id,),
+        ).fetchall()
+        return [
+            SampleRow(r[0], r[1], r[2], r[3], r[4], r[5], None if r[6] is None else bool(r[6]), r[7], json.loads(r[8]))
+            for r in rows
+        ]
 
     # -- the executed order ---------------------------------------------------------------------
     def start_execution(self, run_id: str, cell_id: str, round_no: int, workload: str, repetition: int) -> int:
         cur = self.db.execute(
             "INSERT INTO executions (run_id, cell_id, round, workload, repetition, started_at, outcome)"
-            " VALUES (?, ?, ?, ?, ?, ?, 'running')", (run_id, cell_id, round_no, workload, repetition, time.time()))
+            " VALUES (?, ?, ?, ?, ?, ?, 'running')",
+            (run_id, cell_id, round_no, workload, repetition, time.time()),
+        )
         return int(cur.lastrowid)
 
-    def finish_execution(self, execution_id: int, outcome: str, raw_id: int | None = None,
-                         error: str | None = None) -> None:
-        self.db.execute("UPDATE executions SET outcome = ?, raw_id = ?, error = ?, finished_at = ? WHERE id = ?",
-                        (outcome, raw_id, error, time.time(), execution_id))
+    def finish_execution(
+        self, execution_id: int, outcome: str, raw_id: int | None = None, error: str | None = None
+    ) -> None:
+        self.db.execute(
+            "UPDATE executions SET outcome = ?, raw_id = ?, error = ?, finished_at = ? WHERE id = ?",
+            (outcome, raw_id, error, time.time(), execution_id),
+        )
 
     def executions(self, run_id: str) -> list[ExecutionRow]:
         rows = self.db.execute(
             "SELECT id, cell_id, round, workload, repetition, started_at, finished_at, outcome, raw_id, error"
-            " FROM executions WHERE run_id = ? ORDER BY id", (run_id,)).fetchall()
+            " FROM executions WHERE run_id = ? ORDER BY id",
+            (run_id,),
+        ).fetchall()
         return [ExecutionRow(*r) for r in rows]
+
+    # -- stage times (lab.estimate) ------------------------------------------------------------
+    def add_stage_time(
+        self, run_id: str, cell_id: str, round_no: int, stage: str, seconds: float, workload: str | None = None
+    ) -> None:
+        self.db.execute(
+            "INSERT INTO stage_times (run_id, cell_id, round, stage, workload, seconds, finished_at)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (run_id, cell_id, round_no, stage, workload, seconds, time.time()),
+        )
+
+    def stage_times(self, run_id: str) -> list[StageTimeRow]:
+        rows = self.db.execute(
+            "SELECT cell_id, round, stage, workload, seconds FROM stage_times WHERE run_id = ? ORDER BY id", (run_id,)
+        ).fetchall()
+        return [StageTimeRow(*r) for r in rows]
 
     # -- host facts ---------------------------------------------------------------------------
     def save_host_facts(self, host: str, fingerprint: str, facts: dict[str, Any]) -> int:
         """Store a host's facts once per distinct fingerprint; the id of the stored row."""
-        row = self.db.execute("SELECT id FROM host_facts WHERE host = ? AND fingerprint = ?",
-                              (host, fingerprint)).fetchone()
-        return row[0] if row else int(self.db.execute(
-            "INSERT INTO host_facts (host, fingerprint, facts, taken_at) VALUES (?, ?, ?, ?)",
-            (host, fingerprint, _j(facts), time.time())).lastrowid)
+        row = self.db.execute(
+            "SELECT id FROM host_facts WHERE host = ? AND fingerprint = ?", (host, fingerprint)
+        ).fetchone()
+        return (
+            row[0]
+            if row
+            else int(
+                self.db.execute(
+                    "INSERT INTO host_facts (host, fingerprint, facts, taken_at) VALUES (?, ?, ?, ?)",
+                    (host, fingerprint, _j(facts), time.time()),
+                ).lastrowid
+            )
+        )
 
     def runs_of_host_facts(self, host_facts_id: int) -> list[str]:
         """The runs that ran on a host while it had this fingerprint."""
-        rows = self.db.execute("SELECT run_id FROM run_hosts WHERE host_facts_id = ? ORDER BY run_id",
-                               (host_facts_id,)).fetchall()
+        rows = self.db.execute(
+            "SELECT run_id FROM run_hosts WHERE host_facts_id = ? ORDER BY run_id", (host_facts_id,)
+        ).fetchall()
         return [r[0] for r in rows]
 
     def add_host_facts(self, run_id: str, host: str, fingerprint: str, facts: dict[str, Any]) -> int:
         fid = self.save_host_facts(host, fingerprint, facts)
-        self.db.execute("INSERT OR REPLACE INTO run_hosts (run_id, host, host_facts_id) VALUES (?, ?, ?)",
-                        (run_id, host, fid))
+        self.db.execute(
+            "INSERT OR REPLACE INTO run_hosts (run_id, host, host_facts_id) VALUES (?, ?, ?)", (run_id, host, fid)
+        )
         return fid
 
     def host_facts(self, run_id: str) -> dict[str, dict[str, Any]]:
         rows = self.db.execute(
             "SELECT rh.host, hf.fingerprint, hf.facts FROM run_hosts rh JOIN host_facts hf ON hf.id = rh.host_facts_id"
-            " WHERE rh.run_id = ?", (run_id,)).fetchall()
+            " WHERE rh.run_id = ?",
+            (run_id,),
+        ).fetchall()
         return {r[0]: {"fingerprint": r[1], **json.loads(r[2])} for r in rows}

@@ -17,7 +17,25 @@ from lab.errors import LabError
 from lab.osfacts import OsFacts
 
 DEFAULT = "default"
+OFFLOAD_FEATURES = ("lro", "tso", "gro")
 
+
+def parse_offloads(spec: str) -> dict[str, bool]:
+    """Pure: the `offloads` axis's value, "lro=off,tso=on" -> {"lro": False, "tso": True};
+    "default" -> {} (leave the NIC as it is). Raises ValueError naming what is wrong."""
+    if spec == "default":
+        return {}
+    out: dict[str, bool] = {}
+    for part in spec.split(","):
+        feat, sep, state = part.strip().partition("=")
+        if not sep or feat not in OFFLOAD_FEATURES or state not in ("on", "off"):
+            raise ValueError(
+                f"{part.strip()!r} is not FEATURE=on|off with FEATURE one of {', '.join(OFFLOAD_FEATURES)}"
+            )
+        if feat in out:
+            raise ValueError(f"sets {feat} twice")
+        out[feat] = state == "on"
+    return out
 
 
 @dataclass(frozen=True)
@@ -72,8 +90,9 @@ def apply(guest, facts: OsFacts, profile: str) -> Applied:
     mismatched = [k for k, v in wanted.items() if normalise(effective.get(k, "")) != normalise(v)]
     if mismatched:
         k = mismatched[0]
-        return Applied(profile, False, wanted, effective,
-                       reason=f"{k} asked {wanted[k]!r}, guest has {effective.get(k)!r}")
+        return Applied(
+            profile, False, wanted, effective, reason=f"{k} asked {wanted[k]!r}, guest has {effective.get(k)!r}"
+        )
     return Applied(profile, True, wanted, effective)
 
 
@@ -83,7 +102,8 @@ def read(guest, facts: OsFacts, keys: list[str]) -> dict[str, str]:
     # One round trip: print "key<TAB>value" per key; unknown keys print nothing.
     script = "; ".join(
         f"v=$({facts.sysctl_get.format(key=k)} 2>/dev/null) && printf '%s\\t%s\\n' {shlex.quote(k)} \"$v\""
-        for k in keys)
+        for k in keys
+    )
     out = guest.run(script + "; true", timeout=30).stdout
     result = {}
     for line in out.splitlines():
@@ -94,6 +114,7 @@ def read(guest, facts: OsFacts, keys: list[str]) -> dict[str, str]:
 
 
 # --- congestion control and offloads (matrix axes `cc`, `offloads`) ------------------------------
+
 
 @dataclass(frozen=True)
 class Knob:
@@ -116,13 +137,24 @@ def apply_cc(guest, facts: OsFacts, cc: str) -> Knob:
         return Knob("cc", cc, None, False, f"{facts.name} has no selectable congestion control")
     if cc != "default":
         if cc not in facts.cc_available:
-            return Knob("cc", cc, None, False, f"{facts.name} has no congestion control {cc!r} "
-                        f"(it has {', '.join(facts.cc_available)})")
+            return Knob(
+                "cc",
+                cc,
+                None,
+                False,
+                f"{facts.name} has no congestion control {cc!r} (it has {', '.join(facts.cc_available)})",
+            )
         res = guest.run(facts.cc_set.format(cc=cc), timeout=60, check=False)
         if res.returncode != 0:
             now = read(guest, facts, [facts.cc_key]).get(facts.cc_key)
-            return Knob("cc", cc, now, False, f"cannot select {cc!r} on this guest: "
-                        f"{(res.stderr or res.stdout).strip().splitlines()[-1:] or ['no output']}"[:300])
+            return Knob(
+                "cc",
+                cc,
+                now,
+                False,
+                f"cannot select {cc!r} on this guest: "
+                f"{(res.stderr or res.stdout).strip().splitlines()[-1:] or ['no output']}"[:300],
+            )
     effective = read(guest, facts, [facts.cc_key]).get(facts.cc_key)
     if cc != "default" and effective != cc:
         return Knob("cc", cc, effective, False, f"asked {cc!r}, the guest has {effective!r}")
@@ -130,8 +162,7 @@ def apply_cc(guest, facts: OsFacts, cc: str) -> Knob:
 
 
 # ethtool's long names for the features the offloads axis sets
-ETHTOOL_NAMES = {"lro": "large-receive-offload", "tso": "tcp-segmentation-offload",
-                 "gro": "generic-receive-offload"}
+ETHTOOL_NAMES = {"lro": "large-receive-offload", "tso": "tcp-segmentation-offload", "gro": "generic-receive-offload"}
 # FreeBSD ifconfig option flags per feature (TSO: the IPv4 flag decides; `ifconfig -tso` clears both)
 IFCONFIG_FLAGS = {"lro": "LRO", "tso": "TSO4"}
 
@@ -156,8 +187,11 @@ def parse_ifconfig_offloads(text: str) -> dict[str, tuple[bool, bool]]:
     """Pure: FreeBSD `ifconfig -m DEV` -> {feature: (on, fixed)}: on = in options=<...>, fixed = not
     in capabilities=<...> (the driver cannot toggle it)."""
     options, caps = _flag_list(text, "options"), _flag_list(text, "capabilities")
-    return {feat: (flag in options, flag not in caps) for feat, flag in IFCONFIG_FLAGS.items()
-            if flag in options or flag in caps}
+    return {
+        feat: (flag in options, flag not in caps)
+        for feat, flag in IFCONFIG_FLAGS.items()
+        if flag in options or flag in caps
+    }
 
 
 def read_offloads(guest, facts: OsFacts, dev: str) -> dict[str, tuple[bool, bool]]:
@@ -174,6 +208,7 @@ def read_offloads(guest, facts: OsFacts, dev: str) -> dict[str, tuple[bool, bool
 def apply_offloads(guest, facts: OsFacts, dev: str, wanted: dict[str, bool]) -> Knob:
     """Set each feature, then read every one back. A feature the OS cannot set, the NIC does not
     report, or reports as [fixed] in another state, makes the knob not applicable."""
+
     def show(states):
         return {f: ("on" if on else "off") + (" [fixed]" if fixed else "") for f, (on, fixed) in states.items()}
 
@@ -184,14 +219,27 @@ def apply_offloads(guest, facts: OsFacts, dev: str, wanted: dict[str, bool]) -> 
         if feat not in before:
             return Knob("offloads", wanted, show(before), False, f"{dev} does not report {feat}")
         if before[feat][1] and before[feat][0] != on:
-            return Knob("offloads", wanted, show(before), False,
-                        f"{feat} is {'on' if before[feat][0] else 'off'} [fixed] on {dev}: the NIC cannot change it")
+            return Knob(
+                "offloads",
+                wanted,
+                show(before),
+                False,
+                f"{feat} is {'on' if before[feat][0] else 'off'} [fixed] on {dev}: the NIC cannot change it",
+            )
     for feat, on in wanted.items():
-        guest.run(facts.offload_set[feat].format(dev=dev, state="on" if on else "off", flag="" if on else "-"),
-                  timeout=30, check=False)
+        guest.run(
+            facts.offload_set[feat].format(dev=dev, state="on" if on else "off", flag="" if on else "-"),
+            timeout=30,
+            check=False,
+        )
     after = read_offloads(guest, facts, dev) if wanted else before
     for feat, on in wanted.items():
         if after.get(feat, (None,))[0] != on:
-            return Knob("offloads", wanted, show(after), False,
-                        f"asked {feat} {'on' if on else 'off'}, {dev} reports {show(after).get(feat, 'nothing')}")
+            return Knob(
+                "offloads",
+                wanted,
+                show(after),
+                False,
+                f"asked {feat} {'on' if on else 'off'}, {dev} reports {show(after).get(feat, 'nothing')}",
+            )
     return Knob("offloads", wanted, show(after))

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import time
-from typing import Callable, TypeVar
+from collections.abc import Callable
+from typing import TypeVar
 
 from lab.errors import TimeoutError_
 
@@ -11,7 +12,7 @@ T = TypeVar("T")
 
 
 def wait_until(
-    check: Callable[[], T],
+    check: Callable[[], T | None],  # None (or any falsy value): not yet; so what returns is never None
     *,
     timeout: float,
     what: str,

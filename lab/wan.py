@@ -19,9 +19,29 @@ import re
 import shlex
 from dataclasses import dataclass
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from lab import proc
-from lab.config import WanProfile
+from lab.errors import LabError
 from lab.osfacts import OsFacts
+
+
+class WanProfile(BaseModel):
+    """[wan.NAME]: netem on one direction of the guest's link (lab.wan). delay_ms is the added
+    round-trip time (all of it on one direction), jitter_ms its +- spread, loss_pct the share of
+    packets dropped in that direction, rate_mbit a rate limit in that direction (0: none)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    delay_ms: float = Field(default=0.0, ge=0, le=10000)
+    jitter_ms: float = Field(default=0.0, ge=0, le=10000)
+    loss_pct: float = Field(default=0.0, ge=0, le=100)
+    rate_mbit: float = Field(default=0.0, ge=0, le=100000)
+
+    @property
+    def is_null(self) -> bool:
+        return not (self.delay_ms or self.jitter_ms or self.loss_pct or self.rate_mbit)
+
 
 NETEM_LIMIT = 100000  # packets; the default 1000 drops a delayed stream beyond ~1000/delay pkt/s
 
@@ -87,19 +107,28 @@ def host_has_netem() -> bool:
     """Can this machine's kernel run netem? Tried on the loopback of a throwaway namespace
     (`unshare -n`): nothing is left behind."""
     try:
-        res = proc.run(["unshare", "-n", "tc", "qdisc", "add", "dev", "lo", "root", "netem", "delay", "1ms"],
-                       timeout=15, check=False, what="netem probe")
+        res = proc.run(
+            ["unshare", "-n", "tc", "qdisc", "add", "dev", "lo", "root", "netem", "delay", "1ms"],
+            timeout=15,
+            check=False,
+            what="netem probe",
+        )
     except Exception:  # noqa: BLE001 - no unshare/tc: no netem here
         return False
     return res.ok
 
 
-def place(backend: str, facts: OsFacts) -> tuple[str, str]:
-    """Where a cell's netem goes: ("lab"|"guest"|"", why). "" = nowhere: the cell cannot emulate a WAN."""
-    if backend == "local" and host_has_netem():
-        return "lab", "on the VM's tap in the run's namespace"
-    why = ("this machine's kernel has no netem (sch_netem)" if backend == "local"
-           else f"the lab cannot reach the {backend} backend's link")
+def place(lab_side_link: bool, host_kind: str, facts: OsFacts) -> tuple[str, str]:
+    """Where a cell's netem goes: ("lab"|"guest"|"", why). "" = nowhere: the cell cannot emulate a WAN.
+    `lab_side_link`: the host's backend lets the lab reach the VM's link (its capabilities);
+    `host_kind`: how to name the host's kind in the reason."""
+    if lab_side_link and host_has_netem():
+        return "lab", "on the VM's link on the lab side (its tap)"
+    why = (
+        "this machine's kernel has no netem (sch_netem)"
+        if lab_side_link
+        else f"the lab cannot reach the link of a {host_kind} host"
+    )
     if facts.netem_set:
         return "guest", f"on the guest's NIC: {why}"
     return "", f"{why}, and {facts.name} has no tc netem"
@@ -108,9 +137,30 @@ def place(backend: str, facts: OsFacts) -> tuple[str, str]:
 class Emulation:
     """One cell's netem: apply, read back what is in effect, remove."""
 
-    def __init__(self, profile: WanProfile, where: str, *, guest=None, facts: OsFacts | None = None,
-                 dev: str = "", netns: str | None = None):
-        self.profile, self.where, self.guest, self.facts, self.dev, self.netns = profile, where, guest, facts, dev, netns
+    def __init__(
+        self,
+        profile: WanProfile,
+        where: str,
+        *,
+        guest=None,
+        facts: OsFacts | None = None,
+        dev: str = "",
+        netns: str | None = None,
+    ):
+        self.profile, self.where, self.guest, self.facts, self.dev, self.netns = (
+            profile,
+            where,
+            guest,
+            facts,
+            dev,
+            netns,
+        )
+
+    def _guest_os(self) -> OsFacts:
+        """The guest's facts: netem on the guest's NIC is run with its commands."""
+        if self.facts is None:
+            raise LabError("netem on the guest's NIC needs the guest's OS facts (none were given)")
+        return self.facts
 
     def _lab(self, *args: str, check: bool = True) -> proc.Result:
         return proc.run(["tc", "qdisc", *args], netns=self.netns, timeout=30, check=check, what="tc qdisc")
@@ -118,21 +168,26 @@ class Emulation:
     def show(self) -> str:
         if self.where == "lab":
             return self._lab("show", "dev", self.dev).stdout
-        return self.guest.run(self.facts.netem_get.format(dev=self.dev), timeout=30).stdout
+        return self.guest.run(self._guest_os().netem_get.format(dev=self.dev), timeout=30).stdout
 
     def apply(self) -> dict[str, object]:
         args = netem_args(self.profile)
         if self.where == "lab":
             self._lab("replace", "dev", self.dev, "root", "netem", *args)
         else:
-            self.guest.run(self.facts.netem_set.format(dev=self.dev, args=" ".join(shlex.quote(a) for a in args)),
-                           timeout=60)
+            self.guest.run(
+                self._guest_os().netem_set.format(dev=self.dev, args=" ".join(shlex.quote(a) for a in args)), timeout=60
+            )
         text = self.show()
-        return {"where": self.where, "dev": self.dev, "qdisc": text.strip(),
-                "netem": netem_in_effect(parse_tc_qdisc(text))}
+        return {
+            "where": self.where,
+            "dev": self.dev,
+            "qdisc": text.strip(),
+            "netem": netem_in_effect(parse_tc_qdisc(text)),
+        }
 
     def remove(self) -> None:
         if self.where == "lab":
             self._lab("del", "dev", self.dev, "root", check=False)
         elif self.guest is not None:
-            self.guest.run(self.facts.netem_clear.format(dev=self.dev), timeout=30, check=False)
+            self.guest.run(self._guest_os().netem_clear.format(dev=self.dev), timeout=30, check=False)

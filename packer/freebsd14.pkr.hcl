@@ -17,50 +17,85 @@ variable "iso_checksum" {
   type        = string
   default     = "file:https://download.freebsd.org/releases/amd64/amd64/ISO-IMAGES/14.3/CHECKSUM.SHA256-FreeBSD-14.3-RELEASE-amd64"
   description = "file:URL of the release's checksum file, or sha256:HEX"
+  validation {
+    condition     = regex_replace(var.iso_checksum, "^(none|file:.+|(md5|sha1|sha256|sha512):[0-9a-fA-F]+)$", "") == ""
+    error_message = "The iso_checksum must be file:URL (a checksum file), TYPE:HEX (md5, sha1, sha256, sha512) or none."
+  }
 }
 variable "http_dir" {
   type        = string
-  default     = "build/freebsd14/http"
-  description = "rendered answer files served to the installer"
+  default     = ""
+  description = "rendered answer files served to the installer; empty: build/freebsd14/http in the repository (beside packer/)"
 }
 variable "stage_dir" {
   type        = string
-  default     = "build/freebsd14/stage"
-  description = "rendered nginx.conf and site/"
+  default     = ""
+  description = "rendered nginx.conf and site/; empty: build/freebsd14/stage in the repository (beside packer/)"
+}
+# The lab clones only a Proxmox template whose description carries its marker, the image's name and
+# this recipe digest (lab.backends.proxmox.ownership); `lab images render` prints it for the build.
+variable "recipe_digest" {
+  type        = string
+  default     = ""
+  description = "lab's recipe digest of this image (lab.images.recipe_digest)"
+  validation {
+    condition     = regex_replace(var.recipe_digest, "^[0-9a-f]*$", "") == ""
+    error_message = "The recipe_digest must be lab's hex digest (lab images render prints it), or empty."
+  }
 }
 variable "ssh_key" {
-  type    = string
-  default = "images/lab_key"
+  type        = string
+  default     = ""
+  description = "empty: images/lab_key in the repository (beside packer/)"
 }
 variable "report_out" {
-  type    = string
-  default = "build/freebsd14/lab-image.json"
+  type        = string
+  default     = ""
+  description = "empty: build/freebsd14/lab-image.json in the repository (beside packer/)"
 }
 variable "output_dir" {
-  type    = string
-  default = "build/freebsd14/packer-out"
+  type        = string
+  default     = ""
+  description = "empty: build/freebsd14/packer-out in the repository (beside packer/)"
 }
 variable "console_log" {
-  type    = string
-  default = "build/freebsd14/packer-console.log"
+  type        = string
+  default     = ""
+  description = "empty: build/freebsd14/packer-console.log in the repository (beside packer/)"
 }
 variable "accelerator" {
   type    = string
   default = "kvm"
+  validation {
+    condition     = regex_replace(var.accelerator, "^(kvm|tcg|hvf|whpx|xen|none)$", "") == ""
+    error_message = "The accelerator must be one QEMU knows: kvm or tcg (as lab doctor probes), hvf, whpx, xen or none."
+  }
 }
 variable "disk_size" {
   type    = string
   default = "8192M"
+  validation {
+    condition     = regex_replace(var.disk_size, "^[0-9]+[MG]$", "") == ""
+    error_message = "The disk_size must be a size in MiB or GiB, such as 4096M or 8G."
+  }
 }
 # Proxmox VE: an API token (user@realm!tokenid + secret), never a password.
 variable "proxmox_url" {
   type    = string
   default = "https://pve.example:8006/api2/json"
+  validation {
+    condition     = regex_replace(var.proxmox_url, "^https://[^/]+/api2/json$", "") == ""
+    error_message = "The proxmox_url must be the node's API: https://HOST:8006/api2/json."
+  }
 }
 variable "proxmox_username" {
   type        = string
   default     = "lab@pve!packer"
   description = "the API token id: user@realm!tokenid"
+  validation {
+    condition     = regex_replace(var.proxmox_username, "^[^@!]+@[^@!]+![^@!]+$", "") == ""
+    error_message = "The proxmox_username must be an API token id: user@realm!tokenid."
+  }
 }
 variable "proxmox_token" {
   type        = string
@@ -95,6 +130,14 @@ variable "proxmox_ssh_host" {
 }
 
 locals {
+  # Paths a caller leaves empty are the repository's own (path.root is packer/), whatever the
+  # working directory; lab images build passes every one of them.
+  output_dir  = var.output_dir != "" ? var.output_dir : "${path.root}/../build/freebsd14/packer-out"
+  ssh_key     = var.ssh_key != "" ? var.ssh_key : "${path.root}/../images/lab_key"
+  stage_dir   = var.stage_dir != "" ? var.stage_dir : "${path.root}/../build/freebsd14/stage"
+  report_out  = var.report_out != "" ? var.report_out : "${path.root}/../build/freebsd14/lab-image.json"
+  console_log = var.console_log != "" ? var.console_log : "${path.root}/../build/freebsd14/packer-console.log"
+  http_dir    = var.http_dir != "" ? var.http_dir : "${path.root}/../build/freebsd14/http"
   # Escape the loader menu, boot single-user, make /tmp writable, DHCP on vtnet0 (virtio on both
   # sources), fetch the rendered installerconfig and let bsdinstall run it; it reboots into the disk.
   boot_command = [
@@ -112,7 +155,7 @@ locals {
 source "qemu" "freebsd14" {
   iso_url          = var.iso_url
   iso_checksum     = var.iso_checksum
-  output_directory = var.output_dir
+  output_directory = local.output_dir
   vm_name          = "freebsd14.qcow2"
   format           = "qcow2"
   disk_size        = var.disk_size
@@ -124,18 +167,21 @@ source "qemu" "freebsd14" {
   memory           = 1024
   headless         = true
   vnc_bind_address = "127.0.0.1"
-  http_directory   = var.http_dir
-  boot_wait        = "10s"
-  boot_command     = local.boot_command
+  http_directory   = local.http_dir
+  # The answer files are served to QEMU's user-mode guest (10.0.2.2 is the host's loopback):
+  # nothing else on the LAN can read them.
+  http_bind_address = "127.0.0.1"
+  boot_wait         = "10s"
+  boot_command      = local.boot_command
   qemuargs = [
-    ["-serial", "file:${var.console_log}"],
+    ["-serial", "file:${local.console_log}"],
     # Packer's default forwards SSH on every host interface; keep it on loopback.
     ["-netdev", "user,id=user.0,hostfwd=tcp:127.0.0.1:{{ .SSHHostPort }}-:22"],
     ["-device", "virtio-net-pci,netdev=user.0"],
   ]
   communicator         = "ssh"
   ssh_username         = "root"
-  ssh_private_key_file = var.ssh_key
+  ssh_private_key_file = local.ssh_key
   ssh_timeout          = "30m"
   host_port_min        = 2222
   host_port_max        = 2299
@@ -155,7 +201,7 @@ source "proxmox-iso" "freebsd14" {
   unmount_iso              = true
   vm_name                  = "lab-freebsd14-build"
   template_name            = "lab-freebsd14"
-  template_description     = "lab golden image freebsd14 (packer/freebsd14.pkr.hcl)"
+  template_description     = "lab-marker: lab/template\nlab-image: freebsd14\nlab-image-digest: ${var.recipe_digest}\nlab golden image freebsd14 (packer/freebsd14.pkr.hcl)"
   os                       = "other"
   cores                    = 2
   memory                   = 1024
@@ -172,13 +218,13 @@ source "proxmox-iso" "freebsd14" {
     storage_pool_type = var.proxmox_storage_type
     format            = "raw"
   }
-  http_directory       = var.http_dir
+  http_directory       = local.http_dir
   boot_wait            = "10s"
   boot_command         = local.boot_command
   communicator         = "ssh"
   ssh_host             = var.proxmox_ssh_host
   ssh_username         = "root"
-  ssh_private_key_file = var.ssh_key
+  ssh_private_key_file = local.ssh_key
   ssh_timeout          = "30m"
 }
 
@@ -186,7 +232,7 @@ build {
   sources = ["source.qemu.freebsd14", "source.proxmox-iso.freebsd14"]
 
   provisioner "file" {
-    source      = "${var.stage_dir}/"
+    source      = "${local.stage_dir}/"
     destination = "/tmp"
   }
 
@@ -196,7 +242,7 @@ build {
 
   provisioner "file" {
     source      = "/etc/lab-image.json"
-    destination = var.report_out
+    destination = local.report_out
     direction   = "download"
   }
 }

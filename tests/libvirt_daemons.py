@@ -47,6 +47,7 @@ def _start(argv: list[str], ready, what: str) -> subprocess.Popen:
         if daemon.poll() is not None:
             raise RuntimeError(f"{argv[0]} exited with status {daemon.returncode}")
         return ready()
+
     try:
         wait_until(up, timeout=60, what=what, interval=0.2)
     except BaseException:

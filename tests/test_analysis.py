@@ -7,6 +7,7 @@ import json
 
 import numpy as np
 import pytest
+from conftest import lab_cli
 
 from lab import analysis, results
 from lab.compare import Verdict
@@ -14,14 +15,19 @@ from lab.errors import UsageError
 from lab.model import RawOutput, Sample
 from lab.store import Store
 
-from conftest import run_lab_cli
-
 pytestmark = pytest.mark.filterwarnings("error")
 
 R = 2000  # bootstrap resamples in direct calls
 
-VM_AXES = {"host": "local", "image": "debian12", "vcpus": 2, "memory_mib": 1024, "disk_bus": "virtio",
-           "clone": "linked", "tuning": "default"}
+VM_AXES = {
+    "host": "local",
+    "image": "debian12",
+    "vcpus": 2,
+    "memory_mib": 1024,
+    "disk_bus": "virtio",
+    "clone": "linked",
+    "tuning": "default",
+}
 
 
 def vm(nic: str, host: str = "local", twin: bool = False) -> tuple[str, dict]:
@@ -34,15 +40,28 @@ BARE = ("local/bare-metal", {"host": "local", "kind": "bare-metal"})
 
 
 def facts(kernel: str, cpu: str = "AMD EPYC") -> dict:
-    return {"host": "local", "backend": "local", "cpu_model": cpu, "kernel": kernel, "microcode": "0x1",
-            "mitigations": {"retbleed": "Not affected"}, "nics": {"eth0": "virtio_net, MTU 1500"}}
+    return {
+        "host": "local",
+        "backend": "local",
+        "cpu_model": cpu,
+        "kernel": kernel,
+        "microcode": "0x1",
+        "mitigations": {"retbleed": "Not affected"},
+        "nics": {"eth0": "virtio_net, MTU 1500"},
+    }
 
 
-def add_run(store: Store, run: str, cells: dict[str, tuple[tuple[str, dict], float, float]], host_facts: dict,
-            *, n: int = 10, seed: int = 0) -> None:
+def add_run(
+    store: Store,
+    run: str,
+    cells: dict[str, tuple[tuple[str, dict], float, float]],
+    host_facts: dict,
+    *,
+    n: int = 10,
+    seed: int = 0,
+) -> None:
     """cells: id -> ((label, axes), median throughput, CV)."""
-    store.create_run(run, "synthetic", config_path="lab.toml", config_text="", seed=seed, lab_version="0",
-                     manifest={})
+    store.create_run(run, "synthetic", config_path="lab.toml", config_text="", seed=seed, lab_version="0", manifest={})
     for h, f in host_facts.items():
         store.add_host_facts(run, h, f"fp-{run}-{h}-{f['kernel']}", f)
     rng = np.random.default_rng(seed)
@@ -52,47 +71,83 @@ def add_run(store: Store, run: str, cells: dict[str, tuple[tuple[str, dict], flo
         for rep in range(n):
             raw_id = store.add_raw(run, cid, rep, RawOutput("iperf3-tcp", "iperf3", "{}"))
             tx = float(rng.normal(mean, mean * cv))
-            store.add_samples(run, cid, raw_id, "iperf3-tcp", rep, [
-                Sample("throughput_mbit_s_tx", tx, "Mbit/s", True, {"repetition": rep}),
-                Sample("cpu_busy_pct_tx", float(rng.normal(40, 1)), "%", False, {"repetition": rep}),
-                Sample("cpu_busy_pct", float(rng.normal(40, 1)), "%", False, {"repetition": rep}),
-                Sample("retransmits_tx", 0.0, "count", False, {"repetition": rep}),
-            ])
+            store.add_samples(
+                run,
+                cid,
+                raw_id,
+                "iperf3-tcp",
+                rep,
+                [
+                    Sample("throughput_mbit_s_tx", tx, "Mbit/s", True, {"repetition": rep}),
+                    Sample("cpu_busy_pct_tx", float(rng.normal(40, 1)), "%", False, {"repetition": rep}),
+                    Sample("cpu_busy_pct", float(rng.normal(40, 1)), "%", False, {"repetition": rep}),
+                    Sample("retransmits_tx", 0.0, "count", False, {"repetition": rep}),
+                ],
+            )
 
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory) -> Store:
     s = Store(tmp_path_factory.mktemp("analysis") / "results")
     # r1: virtio, e1000, the A/A twin of virtio (2.5 % slower: boot-to-boot spread), bare metal
-    add_run(s, "r1", {"c01": (vm("virtio"), 1000.0, 0.01), "c02": (vm("e1000"), 500.0, 0.01),
-                      "c01-aa": (vm("virtio", twin=True), 975.0, 0.01), "bm01": (BARE, 1100.0, 0.01)},
-            {"local": facts("6.1.0")}, seed=1)
+    add_run(
+        s,
+        "r1",
+        {
+            "c01": (vm("virtio"), 1000.0, 0.01),
+            "c02": (vm("e1000"), 500.0, 0.01),
+            "c01-aa": (vm("virtio", twin=True), 975.0, 0.01),
+            "bm01": (BARE, 1100.0, 0.01),
+        },
+        {"local": facts("6.1.0")},
+        seed=1,
+    )
     # r2: the same cells on a newer kernel; virtio +2 % (inside the A/A band), e1000 +20 %; no bare metal
-    add_run(s, "r2", {"c01": (vm("virtio"), 1020.0, 0.01), "c02": (vm("e1000"), 600.0, 0.01),
-                      "c03": (vm("e1000e"), 700.0, 0.01)},
-            {"local": facts("6.12.0")}, seed=2)
+    add_run(
+        s,
+        "r2",
+        {"c01": (vm("virtio"), 1020.0, 0.01), "c02": (vm("e1000"), 600.0, 0.01), "c03": (vm("e1000e"), 700.0, 0.01)},
+        {"local": facts("6.12.0")},
+        seed=2,
+    )
     # r3: two hosts in one run
-    add_run(s, "r3", {"c01": (vm("virtio", "pve1"), 900.0, 0.01), "c02": (vm("virtio", "bsd1"), 800.0, 0.01)},
-            {"pve1": {**facts("6.8.12-pve"), "host": "pve1", "backend": "proxmox"},
-             "bsd1": {**facts("14.1-RELEASE", cpu="Intel N150"), "host": "bsd1", "backend": "libvirt"}}, seed=3)
+    add_run(
+        s,
+        "r3",
+        {"c01": (vm("virtio", "pve1"), 900.0, 0.01), "c02": (vm("virtio", "bsd1"), 800.0, 0.01)},
+        {
+            "pve1": {**facts("6.8.12-pve"), "host": "pve1", "backend": "proxmox"},
+            "bsd1": {**facts("14.1-RELEASE", cpu="Intel N150"), "host": "bsd1", "backend": "libvirt"},
+        },
+        seed=3,
+    )
     yield s
     s.close()
 
 
 def side(store, run, *sel):
     r = store.run(run)
-    return analysis.side(r.id, r.seed, store.cells(r.id), store.samples(r.id), store.host_facts(r.id),
-                         analysis.parse_selector(sel))
+    return analysis.side(
+        r.id, r.seed, store.cells(r.id), store.samples(r.id), store.host_facts(r.id), analysis.parse_selector(sel)
+    )
 
 
 # --- selectors ---------------------------------------------------------------------------------------
 
+
 def test_parse_selector():
     assert analysis.parse_selector(["nic=virtio", "tuning=default,vcpus=2"]) == {
-        "nic": "virtio", "tuning": "default", "vcpus": "2"}
+        "nic": "virtio",
+        "tuning": "default",
+        "vcpus": "2",
+    }
     assert analysis.parse_selector([]) == {}
-    for bad, msg in ((["nic"], "expected AXIS=VALUE"), (["colour=red"], "unknown axis 'colour'"),
-                     (["nic=virtio", "nic=e1000"], "given twice"), (["=x"], "expected AXIS=VALUE")):
+    for bad, msg in (
+        (["nic"], "expected AXIS=VALUE"),
+        (["colour=red"], "unknown axis 'colour'"),
+        (["nic=virtio", "nic=e1000"], "given twice"),
+        (["=x"], "expected AXIS=VALUE"),
+    ):
         with pytest.raises(UsageError, match=msg):
             analysis.parse_selector(bad, "--a")
 
@@ -109,10 +164,10 @@ def test_selections_leave_twins_out_unless_asked(store):
 
 # --- pairing and comparisons -------------------------------------------------------------------------
 
+
 def test_two_cell_selections_of_one_run(store):
-    cmp = analysis.compare_sides(side(store, "r1", "nic=virtio"), side(store, "r1", "nic=e1000"),
-                                 n_resamples=R)
-    (label, ca, cb), = cmp.pairs
+    cmp = analysis.compare_sides(side(store, "r1", "nic=virtio"), side(store, "r1", "nic=e1000"), n_resamples=R)
+    ((label, ca, cb),) = cmp.pairs
     assert (ca.cell_id, cb.cell_id) == ("c01", "c02")
     tx = next(r for r in cmp.rows if r.key[2] == "throughput_mbit_s_tx")
     assert tx.verdict == Verdict.WORSE and tx.ratio == pytest.approx(0.5, rel=0.03)
@@ -126,9 +181,11 @@ def test_pairing_by_the_axes_the_selections_do_not_name(store):
     a, b = side(store, "r2", "kind=vm"), side(store, "r1", "kind=vm")
     pairs = analysis.pair(a, b)
     by = {k: (x.cell_id if x else None, y.cell_id if y else None) for k, x, y in pairs}
-    assert by == {"local/debian12/virtio/2/1024/virtio/linked/default": ("c01", "c01"),
-                  "local/debian12/e1000/2/1024/virtio/linked/default": ("c02", "c02"),
-                  "local/debian12/e1000e/2/1024/virtio/linked/default": ("c03", None)}
+    assert by == {
+        "local/debian12/virtio/2/1024/virtio/linked/default": ("c01", "c01"),
+        "local/debian12/e1000/2/1024/virtio/linked/default": ("c02", "c02"),
+        "local/debian12/e1000e/2/1024/virtio/linked/default": ("c03", None),
+    }
 
 
 def test_one_against_many_and_ambiguity(store):
@@ -169,6 +226,7 @@ def host_pair(cmp):
 
 # --- noise floor -------------------------------------------------------------------------------------
 
+
 def test_noise_floor_from_the_twin(store):
     s1 = results.series(store.samples("r1"), store.cells("r1"))
     nf = analysis.noise_floor(s1, seed=1)
@@ -186,9 +244,11 @@ def test_noise_floor_from_the_twin(store):
 
 # --- overhead vs a baseline --------------------------------------------------------------------------
 
+
 def test_overhead_vs_bare_metal(store):
-    rows = analysis.overheads(store.cells("r1"), store.samples("r1"), analysis.parse_selector(["kind=bare-metal"]),
-                              seed=1, n_resamples=R)
+    rows = analysis.overheads(
+        store.cells("r1"), store.samples("r1"), analysis.parse_selector(["kind=bare-metal"]), seed=1, n_resamples=R
+    )
     tx = {nic_of(o.cell): o for o in rows if o.row.key[2] == "throughput_mbit_s_tx"}
     assert set(tx) == {"virtio", "e1000"}  # the twin is not a cell of its own here
     v = tx["virtio"]
@@ -208,8 +268,9 @@ def test_overhead_vs_bare_metal(store):
 
 # --- the CLI -----------------------------------------------------------------------------------------
 
+
 def cli(store, *args):
-    return run_lab_cli(*args, "--results", str(store.dir), timeout=120)
+    return lab_cli(*args, "--results", str(store.dir))
 
 
 def test_cli_compare_selections_json(store):
@@ -233,19 +294,22 @@ def test_cli_compare_baseline(store):
     res = cli(store, "compare", "r1", "--baseline")
     assert res.returncode == 0, res.stderr
     assert "overhead vs bare-metal" in res.stdout and "−9." in res.stdout and "worse" in res.stdout
-    doc = json.loads(cli(store, "compare", "r1", "--baseline", "nic=e1000", "--json").stdout)
+    doc = json.loads(cli(store, "compare", "r1", "--baseline", "nic=e1000", "--json").stdout)["rows"]
     assert {d["baseline"] for d in doc} == {"local/debian12/e1000/2c/1024m/virtio/linked/default"}
     virtio = next(d for d in doc if d["key"][2] == "throughput_mbit_s_tx" and nic_of(d["cell"]) == "virtio")
     assert virtio["change_pct"] == pytest.approx(100.0, abs=6)
 
 
-@pytest.mark.parametrize("args, needle", [
-    (("compare", "r1"), "needs two runs"),
-    (("compare", "r1", "--a", "nic"), "expected AXIS=VALUE"),
-    (("compare", "r1", "--a", "nic=rtl8139", "--b", "nic=e1000"), "no cell of run r1 matches"),
-    (("compare", "r2", "--baseline"), "no bare-metal cell"),
-    (("compare", "r1", "r2", "--baseline"), "takes no RUN_B"),
-])
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (("compare", "r1"), "needs two runs"),
+        (("compare", "r1", "--a", "nic"), "expected AXIS=VALUE"),
+        (("compare", "r1", "--a", "nic=rtl8139", "--b", "nic=e1000"), "no cell of run r1 matches"),
+        (("compare", "r2", "--baseline"), "no bare-metal cell"),
+        (("compare", "r1", "r2", "--baseline"), "takes no RUN_B"),
+    ],
+)
 def test_cli_compare_bad_input_is_one_line_exit_2(store, args, needle):
     res = cli(store, *args)
     assert res.returncode == 2, (res.returncode, res.stderr)

@@ -5,10 +5,9 @@ on podman's default network and with --network=host (both rows), and `lab repars
 from __future__ import annotations
 
 import pytest
+from conftest import leftovers, run_lab_cli, write_lab
 
 from lab.store import Store
-
-from conftest import leftovers, run_lab_cli, write_lab
 
 pytestmark = [pytest.mark.vm, pytest.mark.image]
 
@@ -57,7 +56,9 @@ def test_application_workloads_on_the_debian_image(golden, workdir, tmp_path):
         assert 0 < clone[f"cpu_busy_pct_{place}"].value <= 100
     assert clone["clone_seconds_default"].labels["container"] == "podman"
     assert clone["clone_seconds_host"].labels["network"] == "host"
-    assert clone["clone_seconds_guest"].labels["repetition"] == 0 and "image_digest" in clone["clone_seconds_guest"].labels
+    assert (
+        clone["clone_seconds_guest"].labels["repetition"] == 0 and "image_digest" in clone["clone_seconds_guest"].labels
+    )
 
     build = by["podman-build"]
     steps = ("from", "packages", "clone", "make", "install", "copy", "extra", "commit")

@@ -4,12 +4,11 @@ each came from; `*-constructed-*` files are constructed, the others captured for
 from __future__ import annotations
 
 import pytest
+from test_parsers import by_metric, read
 
 from lab.errors import LabError
 from lab.model import RawOutput
-from lab.workloads import bulk_http, container_start, containers, cpu, git_clone, podman_build, scp
-
-from test_parsers import by_metric, read
+from lab.workloads import bulk_http, container_start, containers, git_clone, podman_build, scp, toolkit
 
 # ---------------------------------------------------------------------------------------------
 # time -p and git clone
@@ -33,12 +32,41 @@ def test_clone_output_freebsd_wc_pads_with_spaces():
     assert r["pack_bytes"] == 32849094 and r["mb_s"] == pytest.approx(32.849094 / 41.87)
 
 
+def test_clone_faster_than_time_p_or_without_a_pack_measures_no_rate():
+    lin = read("git/linux-2.39.5-clone-200x16k.txt")
+    r = git_clone.parse_clone_output(lin.replace("real 0.16", "real 0.00"))
+    assert "seconds" not in r and "mb_s" not in r and r["pack_bytes"] == 3287395
+    assert "0.01 s resolution" in r[toolkit.UNMEASURED]
+    r = git_clone.parse_clone_output(lin.replace("pack_bytes 3287395", "pack_bytes 0"))
+    assert (
+        r["seconds"] == 0.16
+        and "mb_s" not in r
+        and r[toolkit.UNMEASURED] == "the clone left no pack file to measure its size by"
+    )
+    raw = RawOutput(
+        "git-clone",
+        "",
+        toolkit.join_segments([("guest", 0, lin.replace("real 0.16", "real 0.00"))]),
+        params={},
+        extra={"cpu_before.guest": "cpu  0 0 0 100", "cpu_after.guest": "cpu  5 0 0 105"},
+    )
+    m = by_metric(git_clone.GIT_CLONE.parse(raw))
+    assert m["unmeasured_guest"].labels["unmeasured"] == "clone_seconds_guest clone_mb_s_guest"
+    assert m["cpu_busy_pct_guest"].labels["flagged"] == 1 and m["cpu_busy_pct"].labels["flagged"] == 1
+
+
 def test_clone_failure_is_an_error_naming_the_variant():
     text = read("git/linux-2.39.5-clone-missing-repo.txt")
     with pytest.raises(LabError, match="no 'pack_bytes' line"):
         git_clone.parse_clone_output(text)
-    raw = RawOutput("git-clone", "", cpu.join_segments([("host", 128, text)]), returncode=128,
-                    params={"engine": "podman"}, extra={})
+    raw = RawOutput(
+        "git-clone",
+        "",
+        toolkit.join_segments([("host", 128, text)]),
+        returncode=128,
+        params={"engine": "podman"},
+        extra={},
+    )
     with pytest.raises(LabError, match=r"exit status 128\) \[host\]"):
         git_clone.GIT_CLONE.parse(raw)
 
@@ -51,15 +79,19 @@ def test_git_clone_parse_rows_per_place_with_cpu():
         extra[f"cpu_before.{tag}"] = f"cpu  {100 * i} 0 0 1000"
         extra[f"cpu_after.{tag}"] = f"cpu  {100 * i + 50} 0 0 1050"
     extra["cpu_before"], extra["cpu_after"] = extra["cpu_before.guest"], extra["cpu_after.host-lrooff"]
-    raw = RawOutput("git-clone", "", cpu.join_segments(segs), params={"engine": "podman"}, extra=extra)
+    raw = RawOutput("git-clone", "", toolkit.join_segments(segs), params={"engine": "podman"}, extra=extra)
     m = by_metric(git_clone.GIT_CLONE.parse(raw))
     for tag in ("guest", "default", "host-lrooff"):
         assert m[f"clone_seconds_{tag}"].value == pytest.approx(0.16)
         assert m[f"clone_mb_s_{tag}"].unit == "MB/s" and m[f"clone_mb_s_{tag}"].higher_is_better
         assert m[f"cpu_busy_pct_{tag}"].value == pytest.approx(50.0)
     assert m["clone_seconds_guest"].labels["container"] is None
-    assert m["clone_seconds_default"].labels == {"network": "default", "lro": "as-is", "lro_effective": "off",
-                                                 "container": "podman"}
+    assert m["clone_seconds_default"].labels == {
+        "network": "default",
+        "lro": "as-is",
+        "lro_effective": "off",
+        "container": "podman",
+    }
     assert m["clone_seconds_host-lrooff"].labels["lro"] == "off"
 
 
@@ -134,19 +166,31 @@ def test_build_output_cut_short_or_missing():
 def test_podman_build_parse_rows_and_na():
     default = read("podman/linux-4.3.1-build-default-stamped.txt")
     host = read("podman/linux-4.3.1-build-host-stamped.txt")
-    extra = {"cpu_before.podman-default": "cpu  0 0 0 100", "cpu_after.podman-default": "cpu  60 0 20 120",
-             "cpu_before.podman-host": "cpu  60 0 20 120", "cpu_after.podman-host": "cpu  100 0 40 160",
-             "cpu_before": "cpu  0 0 0 100", "cpu_after": "cpu  100 0 40 160",
-             "na.docker-default": "docker is not installed in the guest"}
-    raw = RawOutput("podman-build", "", cpu.join_segments([("podman-default", 0, default), ("podman-host", 0, host)]),
-                    params={"steps": list(podman_build.STEPS)}, extra=extra)
+    extra = {
+        "cpu_before.podman-default": "cpu  0 0 0 100",
+        "cpu_after.podman-default": "cpu  60 0 20 120",
+        "cpu_before.podman-host": "cpu  60 0 20 120",
+        "cpu_after.podman-host": "cpu  100 0 40 160",
+        "cpu_before": "cpu  0 0 0 100",
+        "cpu_after": "cpu  100 0 40 160",
+        "na.docker-default": "docker is not installed in the guest",
+    }
+    raw = RawOutput(
+        "podman-build",
+        "",
+        toolkit.join_segments([("podman-default", 0, default), ("podman-host", 0, host)]),
+        params={"steps": list(podman_build.STEPS)},
+        extra=extra,
+    )
     m = by_metric(podman_build.PODMAN_BUILD.parse(raw))
     assert m["build_seconds_podman-host"].value == pytest.approx(67.560728)
     assert m["build_seconds_podman-default"].labels == {"engine": "podman", "network": "default"}
     for step in (*podman_build.STEPS, "commit"):
         assert f"{step}_seconds_podman-default" in m and f"{step}_seconds_podman-host" in m
-    assert m["na_docker-default"].value == 1 and m["na_docker-default"].labels["na"] == \
-        "docker is not installed in the guest"
+    assert (
+        m["na_docker-default"].value == 1
+        and m["na_docker-default"].labels["na"] == "docker is not installed in the guest"
+    )
     assert m["cpu_busy_pct_podman-default"].value == pytest.approx(80 / 100 * 100)
     assert m["cpu_busy_pct_podman-host"].value == pytest.approx(60 / 100 * 100)
 
@@ -160,6 +204,37 @@ def test_hyperfine_json_from_the_guest():
     assert r["mean"] == pytest.approx(3453.906265) and r["min"] == pytest.approx(2622.34271)
     assert r["stddev"] == pytest.approx(1176.0084574561855) and r["runs"] == 2
     assert r["command"] == "podman run --rm --runtime=crun --network=host localhost/lab-base:latest true"
+
+
+def test_hyperfine_single_run_has_no_stddev():
+    # captured: hyperfine 1.15.0 --runs 1 exports "stddev": null (there is no spread of one run)
+    r = container_start.parse_hyperfine_json(read("hyperfine/linux-1.15.0-true-1run.json"))
+    assert "stddev" not in r and r["runs"] == 1 and r["mean"] == pytest.approx(3.545035)
+    assert r[toolkit.UNMEASURED] == "hyperfine reports no standard deviation for 1 run(s)"
+    raw = RawOutput(
+        "container-start",
+        "",
+        toolkit.join_segments([("crun-host-persistent", 0, read("hyperfine/linux-1.15.0-true-1run.json"))]),
+        extra={
+            "cpu_before.crun-host-persistent": "cpu  0 0 0 100",
+            "cpu_after.crun-host-persistent": "cpu  30 0 10 160",
+        },
+    )
+    m = by_metric(container_start.CONTAINER_START.parse(raw))
+    assert "start_stddev_ms_crun-host-persistent" not in m
+    assert m["unmeasured_crun-host-persistent"].labels["unmeasured"] == "start_stddev_ms_crun-host-persistent"
+    # the mean of one run is still a measurement: only the row that stands for the stddev is flagged
+    assert "flagged" not in m["start_ms_crun-host-persistent"].labels
+    assert "flagged" not in m["cpu_busy_pct_crun-host-persistent"].labels
+
+
+def test_hyperfine_without_a_mean_is_an_error():
+    import json
+
+    doc = json.loads(read("hyperfine/linux-1.15.0-true-1run.json"))
+    doc["results"][0]["mean"] = None
+    with pytest.raises(LabError, match="no mean/min"):
+        container_start.parse_hyperfine_json(json.dumps(doc))
 
 
 def test_hyperfine_failed_runs_and_garbage():
@@ -176,18 +251,31 @@ def test_hyperfine_failed_runs_and_garbage():
 def test_container_start_parse_rows():
     host = read("hyperfine/linux-1.15.0-podman-crun-host.json")
     runc = read("hyperfine/linux-1.15.0-podman-runc-default.json")
-    extra = {"cpu_before.crun-host-persistent": "cpu  0 0 0 100", "cpu_after.crun-host-persistent": "cpu  30 0 10 160",
-             "cpu_before.runc-default-persistent": "cpu  30 0 10 160",
-             "cpu_after.runc-default-persistent": "cpu  90 0 30 200",
-             "cpu_before": "cpu  0 0 0 100", "cpu_after": "cpu  90 0 30 200",
-             "runtime_version.crun-host-persistent": "crun version 1.8.1",
-             "na.crun-host-transient": "podman 4.3.1 has no --transient-store (Error: unknown flag: --transient-store)"}
-    raw = RawOutput("container-start", "", cpu.join_segments([("crun-host-persistent", 0, host),
-                                                               ("runc-default-persistent", 0, runc)]), extra=extra)
+    extra = {
+        "cpu_before.crun-host-persistent": "cpu  0 0 0 100",
+        "cpu_after.crun-host-persistent": "cpu  30 0 10 160",
+        "cpu_before.runc-default-persistent": "cpu  30 0 10 160",
+        "cpu_after.runc-default-persistent": "cpu  90 0 30 200",
+        "cpu_before": "cpu  0 0 0 100",
+        "cpu_after": "cpu  90 0 30 200",
+        "runtime_version.crun-host-persistent": "crun version 1.8.1",
+        "na.crun-host-transient": "podman 4.3.1 has no --transient-store (Error: unknown flag: --transient-store)",
+    }
+    raw = RawOutput(
+        "container-start",
+        "",
+        toolkit.join_segments([("crun-host-persistent", 0, host), ("runc-default-persistent", 0, runc)]),
+        extra=extra,
+    )
     m = by_metric(container_start.CONTAINER_START.parse(raw))
     assert m["start_ms_runc-default-persistent"].value == pytest.approx(8786.485005)
-    assert m["start_ms_crun-host-persistent"].labels == {"runtime": "crun", "runtime_version": "crun version 1.8.1",
-                                                         "network": "host", "store": "persistent", "runs": 2}
+    assert m["start_ms_crun-host-persistent"].labels == {
+        "runtime": "crun",
+        "runtime_version": "crun version 1.8.1",
+        "network": "host",
+        "store": "persistent",
+        "runs": 2,
+    }
     assert m["na_crun-host-transient"].labels["store"] == "transient"
     assert m["cpu_busy_pct_crun-host-persistent"].value == pytest.approx(40 / 100 * 100)
 
@@ -209,6 +297,30 @@ def test_scp_short_transfer_and_failure():
         scp.parse_scp_output(read("scp/linux-openssh-9.2-tx-16m.txt"), 64 * 1048576, "tx")
     with pytest.raises(LabError, match="no 'Transferred:"):
         scp.parse_scp_output("ssh: connect to host 10.77.0.10 port 22: Connection refused\n", 1, "rx")
+
+
+def test_scp_time_below_ssh_resolution_measures_no_rate():
+    text = read("scp/linux-openssh-9.2-tx-16m.txt").replace("in 1.1 seconds", "in 0.0 seconds")
+    r = scp.parse_scp_output(text, 16 * 1048576, "tx")
+    assert "seconds" not in r and "throughput_mb_s" not in r and "0.1 s resolution" in r[toolkit.UNMEASURED]
+    raw = RawOutput(
+        "scp",
+        "",
+        toolkit.join_segments([("tx", 0, text)]),
+        params={"file_bytes": 16 * 1048576},
+        extra={"cpu_before.tx": "cpu  0 0 0 100", "cpu_after.tx": "cpu  5 0 0 105", "wall_seconds.tx": "2.500"},
+    )
+    m = by_metric(scp.SCP.parse(raw))
+    assert m["unmeasured_tx"].labels["unmeasured"] == "throughput_mb_s_tx seconds_tx"
+    assert m["wall_seconds_tx"].value == 2.5 and m["wall_seconds_tx"].labels["flagged"] == 1
+
+
+def test_curl_empty_downloads_measure_no_rate():
+    # captured: two 200 answers of 0 bytes from python's http.server
+    r = bulk_http.parse_curl_json(read("curl/linux-7.88.1-json-2x-empty.txt"))
+    assert r["transfers"] == 2 and r["bytes"] == 0 and "download_mb_s" not in r
+    assert r[toolkit.UNMEASURED].startswith("curl reports 0 bytes in ")
+    assert r["first_byte_ms"] > 0
 
 
 def test_bulk_http_from_nginx_in_the_guest():

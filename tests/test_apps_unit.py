@@ -7,13 +7,12 @@ from __future__ import annotations
 import shutil
 
 import pytest
+from test_workloads_unit import FakeClient, ScriptedGuest, ctx
 
+import lab
 from lab import images, proc
 from lab.errors import UsageError
-from lab.workloads import (bulk_http, container_start, containers, git_clone, gitrepo, load_all,
-                           podman_build, scp)
-
-from test_workloads_unit import FakeClient, ScriptedGuest, ctx
+from lab.workloads import bulk_http, container_start, containers, git_clone, gitrepo, load_all, podman_build, scp
 
 TINY = {"files": 12, "file_kib": 4, "commits": 3}
 
@@ -27,7 +26,7 @@ def test_registered_with_defaults():
 def test_base_image_name_matches_the_image_recipe():
     assert containers.BASE_IMAGE == images.DEBIAN12.container.name
     assert containers.CACHE_DIR == images.DEBIAN12.container.cache_dir
-    script = (images.lab.PACKER_DIR / "scripts/provision-debian.sh").read_text()
+    script = (lab.PACKER_DIR / "scripts/provision-debian.sh").read_text()
     assert f"base_image={containers.BASE_IMAGE}\n" in script
 
 
@@ -47,16 +46,30 @@ def test_place_prefix_linux_and_freebsd():
 
 def test_podman_run_options():
     assert containers.podman_run("none", runtime="runc", transient=True) == [
-        "podman", "--transient-store", "run", "--rm", "--runtime=runc", "--network=none", "localhost/lab-base:latest"]
+        "podman",
+        "--transient-store",
+        "run",
+        "--rm",
+        "--runtime=runc",
+        "--network=none",
+        "localhost/lab-base:latest",
+    ]
 
 
 def test_jail_setup_scripts_are_idempotent_and_shaped_like_the_study():
     vnet = containers.jail_setup_script("default")
     assert vnet.startswith("jls -j labvnet >/dev/null 2>&1 && exit 0;")
-    for part in ("kldload -n pf if_epair", "ifconfig epair create", "vnet vnet.interface=$b",
-                 "jexec labvnet ifconfig $b inet 10.88.0.2/24 up", "jexec labvnet route -q add default 10.88.0.1",
-                 "net.inet.ip.forwarding=1", "nat on $up inet from 10.88.0.0/24 to any -> ($up)",
-                 "rdr on $up inet proto tcp from any to ($up) port 8080 -> 10.88.0.2 port 80", "pfctl -q -f -"):
+    for part in (
+        "kldload -n pf if_epair",
+        "ifconfig epair create",
+        "vnet vnet.interface=$b",
+        "jexec labvnet ifconfig $b inet 10.88.0.2/24 up",
+        "jexec labvnet route -q add default 10.88.0.1",
+        "net.inet.ip.forwarding=1",
+        "nat on $up inet from 10.88.0.0/24 to any -> ($up)",
+        "rdr on $up inet proto tcp from any to ($up) port 8080 -> 10.88.0.2 port 80",
+        "pfctl -q -f -",
+    ):
         assert part in vnet, part
     host = containers.jail_setup_script("host")
     assert "ip4=inherit" in host and "vnet" not in host and host.startswith("jls -j labhost")
@@ -67,7 +80,8 @@ def test_jail_setup_scripts_are_idempotent_and_shaped_like_the_study():
 
 def test_lro_scripts():
     assert containers.lro_script("freebsd", "off").endswith(
-        "ifconfig $up -lro; if ifconfig $up | grep -q '[<,]LRO[,>]'; then echo lro=on; else echo lro=off; fi")
+        "ifconfig $up -lro; if ifconfig $up | grep -q '[<,]LRO[,>]'; then echo lro=on; else echo lro=off; fi"
+    )
     assert "route -n get default" in containers.lro_script("freebsd", "on")
     linux = containers.lro_script("debian", "on")
     assert "ethtool -K $up lro on" in linux and "large-receive-offload" in linux
@@ -85,8 +99,10 @@ def test_lro_readback_on_this_machine_parses():
 
 def test_freebsd_ifconfig_lro_flag_detection():
     # `ifconfig vtnet0` options lines (FreeBSD 14 format, constructed): LRO present / absent.
-    on = "vtnet0: flags=1008843<UP,BROADCAST,RUNNING,SIMPLEX,MULTICAST,LOWER_UP> metric 0 mtu 1500\n" \
-         "\toptions=4c07bb<RXCSUM,TXCSUM,VLAN_MTU,VLAN_HWTAGGING,JUMBO_MTU,VLAN_HWCSUM,TSO4,TSO6,LRO,VLAN_HWTSO,LINKSTATE,TXCSUM_IPV6>\n"
+    on = (
+        "vtnet0: flags=1008843<UP,BROADCAST,RUNNING,SIMPLEX,MULTICAST,LOWER_UP> metric 0 mtu 1500\n"
+        "\toptions=4c07bb<RXCSUM,TXCSUM,VLAN_MTU,VLAN_HWTAGGING,JUMBO_MTU,VLAN_HWCSUM,TSO4,TSO6,LRO,VLAN_HWTSO,LINKSTATE,TXCSUM_IPV6>\n"
+    )
     off = on.replace("LRO,", "")
     test = "if printf '%s' \"$T\" | grep -q '[<,]LRO[,>]'; then echo lro=on; else echo lro=off; fi"
     assert proc.run(["sh", "-c", test], env={"T": on}).stdout.strip() == "lro=on"
@@ -116,8 +132,18 @@ def test_git_clone_commands_freebsd_jails_and_lro():
     assert "git://10.77.0.1:9419/lab.git" in cmds[0][1]
 
 
-@pytest.mark.parametrize("params", [{"network": ["podman"]}, {"network": []}, {"lro": ["fast"]}, {"files": 0},
-                                    {"commits": 50, "files": 10}, {"port": 0}, {"file_kib": "16"}])
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"network": ["podman"]},
+        {"network": []},
+        {"lro": ["fast"]},
+        {"files": 0},
+        {"commits": 50, "files": 10},
+        {"port": 0},
+        {"file_kib": "16"},
+    ],
+)
 def test_git_clone_bad_params(params):
     with pytest.raises(UsageError, match="git-clone"):
         git_clone.GIT_CLONE.params(ctx(params))
@@ -138,6 +164,7 @@ def test_git_clone_load_runs_here_against_a_real_git_daemon(tmp_path):
     assert r["pack_bytes"] > TINY["files"] * TINY["file_kib"] * 1024  # incompressible data
     assert r["seconds"] > 0 and r["mb_s"] == pytest.approx(r["pack_bytes"] / 1e6 / r["seconds"])
     import socket
+
     with socket.socket() as s:  # the daemon is gone with the block
         assert s.connect_ex(("127.0.0.1", port)) != 0
 
@@ -191,13 +218,15 @@ def test_daemon_argv_binds_the_client_address_only(tmp_path):
 
 def test_containerfile_linux_and_freebsd():
     lin = podman_build.containerfile("debian", "git://10.77.0.1:9418/lab.git").splitlines()
-    assert lin == ["FROM localhost/lab-base:latest",
-                   "RUN dpkg -i /var/cache/lab-debs/*.deb",
-                   "RUN git clone -q git://10.77.0.1:9418/lab.git /src",
-                   "RUN make -C /src CC=tcc",
-                   "RUN make -C /src CC=tcc install PREFIX=/usr/local",
-                   "COPY extra.c /extra/extra.c",
-                   "RUN tcc -o /usr/local/bin/lab-extra /extra/extra.c && /usr/local/bin/lab-extra"]
+    assert lin == [
+        "FROM localhost/lab-base:latest",
+        "RUN dpkg -i /var/cache/lab-debs/*.deb",
+        "RUN git clone -q git://10.77.0.1:9418/lab.git /src",
+        "RUN make -C /src CC=tcc",
+        "RUN make -C /src CC=tcc install PREFIX=/usr/local",
+        "COPY extra.c /extra/extra.c",
+        "RUN tcc -o /usr/local/bin/lab-extra /extra/extra.c && /usr/local/bin/lab-extra",
+    ]
     assert len(lin) == len(podman_build.STEPS)
     bsd = podman_build.containerfile("freebsd", "git://10.77.0.1:9418/lab.git")
     assert "RUN pkg add /var/cache/lab-pkgs/*.pkg" in bsd and "RUN cc -o" in bsd
@@ -207,7 +236,10 @@ def test_podman_build_commands():
     cmds = podman_build.PODMAN_BUILD.commands(ctx())
     assert [t for t, _ in cmds] == ["podman-default", "podman-host", "docker-default", "docker-host"]
     load = dict(cmds)
-    assert "podman build --pull=never --no-cache -t localhost/lab-build:latest -f Containerfile ." in load["podman-default"]
+    assert (
+        "podman build --pull=never --no-cache -t localhost/lab-build:latest -f Containerfile ."
+        in load["podman-default"]
+    )
     assert "--network=host ." in load["podman-host"]
     assert "DOCKER_BUILDKIT=0 docker build --no-cache" in load["docker-host"]
     assert "$EPOCHREALTIME" in load["podman-default"]
@@ -228,12 +260,17 @@ def test_podman_build_records_docker_as_na_with_a_scripted_guest():
     c.facts["engines"] = {"docker": False}  # what prepare() found: no docker in the guest
     raw = podman_build.PODMAN_BUILD.run(c, 0)
     assert g.commands == []  # nothing ran in the guest
-    assert raw.stdout == "" and raw.extra == {"na.docker-default": "docker is not installed in the guest",
-                                              "na.docker-host": "docker is not installed in the guest"}
+    assert raw.stdout == "" and raw.extra == {
+        "na.docker-default": "docker is not installed in the guest",
+        "na.docker-host": "docker is not installed in the guest",
+    }
     m = {s.metric: s for s in podman_build.PODMAN_BUILD.parse(raw)}
     assert set(m) == {"na_docker-default", "na_docker-host"}
-    assert m["na_docker-host"].labels == {"engine": "docker", "network": "host",
-                                          "na": "docker is not installed in the guest"}
+    assert m["na_docker-host"].labels == {
+        "engine": "docker",
+        "network": "host",
+        "na": "docker is not installed in the guest",
+    }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -245,35 +282,50 @@ def test_container_start_commands_cover_every_combination():
     assert len(cmds) == 2 * 3 * 2
     load = dict(cmds)
     crun_host = load["crun-host-persistent"]
-    assert ("hyperfine -N --style none --runs 3 --warmup 1 --export-json /var/tmp/lab-hyperfine.json "
-            "'podman run --rm --runtime=crun --network=host localhost/lab-base:latest true'") in crun_host
-    assert "'podman --transient-store run --rm --runtime=runc localhost/lab-base:latest true'" in \
-        load["runc-default-transient"]
+    assert (
+        "hyperfine -N --style none --runs 3 --warmup 1 --export-json /var/tmp/lab-hyperfine.json "
+        "'podman run --rm --runtime=crun --network=host localhost/lab-base:latest true'"
+    ) in crun_host
+    assert (
+        "'podman --transient-store run --rm --runtime=runc localhost/lab-base:latest true'"
+        in load["runc-default-transient"]
+    )
 
 
-@pytest.mark.parametrize("params", [{"network": ["bridge"]}, {"store": ["tmpfs"]}, {"runtime": ["kata"]},
-                                    {"runs": 0}, {"warmup": -1}])
+@pytest.mark.parametrize(
+    "params", [{"network": ["bridge"]}, {"store": ["tmpfs"]}, {"runtime": ["kata"]}, {"runs": 0}, {"warmup": -1}]
+)
 def test_container_start_bad_params(params):
     with pytest.raises(UsageError, match="container-start"):
         container_start.CONTAINER_START.params(ctx(params))
 
 
 def test_container_start_marks_missing_runtime_and_transient_store_na():
-    wrapped = ("@@lab-cpu-before@@\ncpu  10 0 10 80\n@@lab-load@@\n"
-               + (pytest.importorskip("pathlib").Path(__file__).parent / "data/hyperfine/linux-1.15.0-podman-crun-host.json").read_text()
-               + "@@lab-cpu-after@@\ncpu  60 0 30 110\n@@lab-rc=0@@\n")
+    wrapped = (
+        "@@lab-cpu-before@@\ncpu  10 0 10 80\n@@lab-load@@\n"
+        + (
+            pytest.importorskip("pathlib").Path(__file__).parent / "data/hyperfine/linux-1.15.0-podman-crun-host.json"
+        ).read_text()
+        + "@@lab-cpu-after@@\ncpu  60 0 30 110\n@@lab-rc=0@@\n"
+    )
     g = ScriptedGuest([("hyperfine", wrapped, 0)])
     c = ctx({"runtime": ["crun", "runc"], "network": ["host"], "store": ["persistent", "transient"]}, guest=g)
-    c.facts.update(runtimes={"crun": "crun version 1.8.1", "runc": ""}, podman="4.3.1",
-                   transient="Error: unknown flag: --transient-store")
+    c.facts.update(
+        runtimes={"crun": "crun version 1.8.1", "runc": ""},
+        podman="4.3.1",
+        transient="Error: unknown flag: --transient-store",
+    )
     raw = container_start.CONTAINER_START.run(c, 0)
     assert len([x for x in g.commands if "hyperfine" in x]) == 1
     m = {s.metric: s for s in container_start.CONTAINER_START.parse(raw)}
     assert m["na_crun-host-transient"].labels["na"] == (
-        "podman 4.3.1 has no --transient-store (Error: unknown flag: --transient-store)")
+        "podman 4.3.1 has no --transient-store (Error: unknown flag: --transient-store)"
+    )
     assert m["na_runc-host-persistent"].labels["na"] == "OCI runtime runc is not installed in the guest"
-    assert "start_ms_crun-host-persistent" in m and m["start_ms_crun-host-persistent"].labels["runtime_version"] == \
-        "crun version 1.8.1"
+    assert (
+        "start_ms_crun-host-persistent" in m
+        and m["start_ms_crun-host-persistent"].labels["runtime_version"] == "crun version 1.8.1"
+    )
     assert m["cpu_busy_pct_crun-host-persistent"].value == pytest.approx(100 * 70 / 100)
 
 
@@ -291,8 +343,25 @@ def test_scp_argv_both_directions():
     for argv in cmds.values():
         assert argv[0] == "scp" and "LogLevel=VERBOSE" in argv and "ControlPath=none" in argv
         assert argv[argv.index("-c") + 1] == "aes128-gcm@openssh.com" and argv[argv.index("-i") + 1] == "/k"
-    assert scp.scp_argv(key="/k", user="root", address="fd00::a", port=2222, direction="tx", local="/dev/null",
-                        remote="/x")[-2] == "root@[fd00::a]:/x"
+    assert (
+        scp.scp_argv(
+            key="/k", user="root", address="fd00::a", port=2222, direction="tx", local="/dev/null", remote="/x"
+        )[-2]
+        == "root@[fd00::a]:/x"
+    )
+
+
+def test_scp_checks_the_guest_host_key_when_the_context_has_them(tmp_path):
+    class G:
+        key, user, address, port = "/k", "root", "10.77.0.10", 22
+
+    unchecked = dict(scp.SCP.commands(ctx({}, guest=G())))["tx"]
+    assert "StrictHostKeyChecking=no" in unchecked and "UserKnownHostsFile=/dev/null" in unchecked
+    c = ctx({}, guest=G())
+    c.known_hosts = tmp_path / "known_hosts"
+    checked = dict(scp.SCP.commands(c))["tx"]
+    assert "StrictHostKeyChecking=yes" in checked and f"UserKnownHostsFile={tmp_path / 'known_hosts'}" in checked
+    assert "StrictHostKeyChecking=no" not in checked
 
 
 @pytest.mark.parametrize("params", [{"size_mib": 0}, {"directions": ["up"]}, {"cipher": "aes; rm -rf /"}])
@@ -303,9 +372,21 @@ def test_scp_bad_params(params):
 
 def test_bulk_http_commands_and_places():
     cmds = dict(bulk_http.BULK_HTTP.commands(ctx({"count": 2, "scheme": ["http", "https"]})))
-    assert cmds["guest-http"] == ["curl", "-sS", "-k", "--max-time", "900", "-w", "%{json}\\n",
-                                  "-o", "/dev/null", "http://10.77.0.10/bulk/64m.bin",
-                                  "-o", "/dev/null", "http://10.77.0.10/bulk/64m.bin"]
+    assert cmds["guest-http"] == [
+        "curl",
+        "-sS",
+        "-k",
+        "--max-time",
+        "900",
+        "-w",
+        "%{json}\\n",
+        "-o",
+        "/dev/null",
+        "http://10.77.0.10/bulk/64m.bin",
+        "-o",
+        "/dev/null",
+        "http://10.77.0.10/bulk/64m.bin",
+    ]
     assert cmds["guest-https"][-1] == "https://10.77.0.10/bulk/64m.bin"
     bsd = dict(bulk_http.BULK_HTTP.commands(ctx({"network": ["guest", "default"], "lro": ["off"]}, os="freebsd")))
     assert bsd["default-http-lrooff"][-1] == "http://10.77.0.10:8080/bulk/64m.bin"
@@ -331,10 +412,22 @@ def test_show_puts_each_variants_cpu_beside_it_and_none_beside_na_rows():
     def row(metric, value, unit="s"):
         return SampleRow("r", "c01", "git-clone", metric, value, unit, False, 0, {})
 
-    rows = {r.metric: r for r in results.show_rows(results.series(
-        [row("clone_seconds_podman-host", 2.0), row("clone_seconds_guest", 1.0), row("na_docker-host", 1.0, "n/a"),
-         row("cpu_busy_pct_podman-host", 70.0, "%"), row("cpu_busy_pct_guest", 40.0, "%"),
-         row("cpu_busy_pct", 55.0, "%")], [cell]))}
+    rows = {
+        r.metric: r
+        for r in results.show_rows(
+            results.series(
+                [
+                    row("clone_seconds_podman-host", 2.0),
+                    row("clone_seconds_guest", 1.0),
+                    row("na_docker-host", 1.0, "n/a"),
+                    row("cpu_busy_pct_podman-host", 70.0, "%"),
+                    row("cpu_busy_pct_guest", 40.0, "%"),
+                    row("cpu_busy_pct", 55.0, "%"),
+                ],
+                [cell],
+            )
+        )
+    }
     assert rows["clone_seconds_podman-host"].cpu_busy == 70.0
     assert rows["clone_seconds_guest"].cpu_busy == 40.0
     assert rows["na_docker-host"].cpu_busy is None

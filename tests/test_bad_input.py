@@ -2,20 +2,24 @@
 each must exit 2 with exactly one line on stderr naming the argument or value, no traceback, and
 create nothing: no file anywhere under the test's directory (no results dir, no store, no run
 lock), nothing in the local backend's workdir (its namespaces and taps exist only after the
-run's lock file there), no QEMU process of that workdir."""
+run's lock file there), no QEMU process of that workdir.
+
+They run in this process through click's CliRunner (lab_cli). The cases that reach the local
+backend's checks and the golden image before they can fail (a resume of an unknown run) need root
+and the image: those are marked, and each has a twin on the fake backend in the fast lane."""
 
 from __future__ import annotations
 
+import os
 import socket
 import textwrap
 from pathlib import Path
 
 import pytest
+from conftest import lab_cli
 
 from lab.backends import local
 from lab.store import Store
-
-from conftest import run_lab_cli
 
 
 def _closed_port() -> int:
@@ -36,8 +40,22 @@ host = ["pve1"]
 
 # (id, argv, expected fragment of the one line, lab.toml variant)
 CASES = [
-    ("resume-unknown-run", ["run", "--resume", "nope"], "no run 'nope'", "local"),
-    ("resume-ambiguous", ["run", "--resume", "r"], "is ambiguous", "local"),
+    pytest.param(
+        "resume-unknown-run",
+        ["run", "--resume", "nope"],
+        "no run 'nope'",
+        "local",
+        marks=[pytest.mark.root, pytest.mark.image],
+    ),
+    pytest.param(
+        "resume-ambiguous",
+        ["run", "--resume", "r"],
+        "is ambiguous",
+        "local",
+        marks=[pytest.mark.root, pytest.mark.image],
+    ),
+    ("resume-unknown-run-fake", ["run", "--resume", "nope"], "no run 'nope'", "fake"),
+    ("resume-ambiguous-fake", ["run", "--resume", "r"], "is ambiguous", "fake"),
     ("run-id-path", ["run", "--run-id", "../x"], "--run-id '../x'", "local"),
     ("run-id-upper", ["run", "--run-id", "ABC"], "--run-id 'ABC'", "local"),
     ("run-id-taken", ["run", "--run-id", "r1"], "already has a run of that id", "local"),
@@ -66,6 +84,31 @@ CASES = [
     ("token-env-unset", ["run"], "LAB_TEST_UNSET_TOKEN", "pve-env"),
     ("token-file-missing", ["run"], "cannot read secret file", "pve-file"),
     ("proxmox-unreachable", ["run"], "127.0.0.1:{port}", "pve-closed"),
+    # issue 16: what is wrong with the arguments is said before any host is asked
+    ("resume-unknown-before-host-checks", ["run", "--resume", "nope"], "no run 'nope'", "pve-closed"),
+    ("resume-ambiguous-before-host-checks", ["run", "--resume", "r"], "is ambiguous", "pve-closed"),
+    ("resume-unknown-before-secrets", ["run", "--resume", "nope"], "no run 'nope'", "pve-env"),
+    ("run-id-taken-before-host-checks", ["run", "--run-id", "r1"], "already has a run of that id", "pve-closed"),
+    ("show-results-is-a-file", ["show", "--results", "lab.toml"], "lab.toml", "local"),
+    ("snapshot-token-file-missing", ["snapshot", "pve1"], "cannot read secret file", "pve-file"),
+    ("snapshot-token-env-unset", ["snapshot", "pve1"], "LAB_TEST_UNSET_TOKEN", "pve-env"),
+    ("plan-check-token-env-unset", ["plan", "--check"], "LAB_TEST_UNSET_TOKEN", "pve-env"),
+    ("run-token-env-empty", ["run"], 'names no variable after "env:"', "pve-env-empty"),
+    ("plan-token-file-empty", ["plan"], 'names no file after "file:"', "pve-file-empty"),
+    ("run-secret-file-relative-to-lab-toml", ["run", "-c", "sub/lab.toml"], "sub/pve.token", "pve-file-relative"),
+    pytest.param(
+        "run-workdir-group-writable",
+        ["run"],
+        "is writable by its group",
+        "local-open-workdir",
+        marks=[pytest.mark.root],
+    ),
+    pytest.param(
+        "run-state-dir-symlink", ["run"], "is a symbolic link", "local-state-symlink", marks=[pytest.mark.root]
+    ),
+    pytest.param(
+        "run-state-dir-someone-elses", ["run"], "is owned by nobody", "local-state-nobody", marks=[pytest.mark.root]
+    ),
 ]
 
 
@@ -83,32 +126,84 @@ def place(tmp_path):
     return tmp_path, workdir
 
 
-def _write(tmp_path: Path, workdir: Path, variant: str, port: int) -> None:
+def _write(tmp_path: Path, workdir: Path, variant: str, port: int) -> dict:
+    """Write the variant's lab.toml; the environment its command runs with (None: unset)."""
+    env: dict = {}
+    if variant.startswith("local-state-"):
+        real = tmp_path / "state-real"
+        real.mkdir(mode=0o700)
+        if variant == "local-state-symlink":
+            (tmp_path / "state").symlink_to(real)
+            env["LAB_STATE_DIR"] = str(tmp_path / "state")
+        else:
+            os.chown(real, 65534, 65534)
+            env["LAB_STATE_DIR"] = str(real)
+        variant = "local"
+    if variant == "local-open-workdir":
+        workdir.chmod(0o775)
+        variant = "local"
     if variant == "local":
         text = f'[lab]\nresults = "results"\n[hosts.local]\nbackend = "local"\nworkdir = "{workdir}"\n'
+    elif variant == "fake":
+        text = (
+            f'[lab]\nresults = "results"\n[hosts.local]\nbackend = "local"\nworkdir = "{workdir}"\n'
+            '[hosts.f]\nbackend = "fake"\n[matrix]\nhost = ["f"]\n[suite]\nworkloads = ["fake-work"]\n'
+        )
+    elif variant == "pve-file-relative":  # a token beside the current directory is not lab.toml's
+        (tmp_path / "pve.token").write_text("lab@pve!t=00000000-dead-beef-0000-000000000000\n")
+        (tmp_path / "sub").mkdir()
+        (tmp_path / "sub" / "lab.toml").write_text(
+            '[lab]\nresults = "results"\n' + PVE.format(port=port, token="file:pve.token")
+        )
+        return env
     else:
-        token = {"pve-env": "env:LAB_TEST_UNSET_TOKEN", "pve-file": f"file:{tmp_path}/no-such-token",
-                 "pve-closed": "env:LAB_TEST_PVE_TOKEN"}[variant]
-        text = f'[lab]\nresults = "results"\n' + PVE.format(port=port, token=token)
+        token = {
+            "pve-env": "env:LAB_TEST_UNSET_TOKEN",
+            "pve-file": f"file:{tmp_path}/no-such-token",
+            "pve-closed": "env:LAB_TEST_PVE_TOKEN",
+            "pve-env-empty": "env:",
+            "pve-file-empty": "file:",
+        }[variant]
+        text = '[lab]\nresults = "results"\n' + PVE.format(port=port, token=token)
     (tmp_path / "lab.toml").write_text(textwrap.dedent(text))
+    return env
 
 
 def _tree(root: Path) -> set[str]:
     return {str(p.relative_to(root)) for p in root.rglob("*")}
 
 
+def _values(case):
+    return case.values if hasattr(case, "values") else case
+
+
+def _param(case):
+    name, *rest = _values(case)
+    return pytest.param(*rest, id=name, marks=getattr(case, "marks", ()))
+
+
 def test_the_table_is_large_enough():
-    assert len(CASES) >= 25 and len({c[0] for c in CASES}) == len(CASES)
+    names = [_values(c)[0] for c in CASES]
+    assert len(CASES) >= 45 and len(set(names)) == len(CASES)
 
 
-@pytest.mark.parametrize("argv,fragment,variant", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
-def test_bad_invocation_exit_2_one_line_nothing_created(place, argv, fragment, variant):
+@pytest.mark.parametrize("argv,fragment,variant", [_param(c) for c in CASES])
+def test_bad_invocation_exit_2_one_line_nothing_created(place, argv, fragment, variant, request):
     tmp_path, workdir = place
+    if variant == "fake":
+        request.getfixturevalue("fake_lab")
     port = _closed_port()
-    _write(tmp_path, workdir, variant, port)
+    env = _write(tmp_path, workdir, variant, port)
     before = _tree(tmp_path)
-    res = run_lab_cli(*argv, cwd=tmp_path, timeout=120,
-                      env={"LAB_TEST_PVE_TOKEN": "lab@pve!t=00000000-dead-beef-0000-000000000000"})
+    res = lab_cli(
+        *argv,
+        cwd=tmp_path,
+        env={
+            "LAB_TEST_PVE_TOKEN": "lab@pve!t=00000000-dead-beef-0000-000000000000",
+            "LAB_TEST_UNSET_TOKEN": None,
+            **env,
+        },
+    )
     assert res.returncode == 2, (res.returncode, res.stderr)
     assert "Traceback" not in res.stderr
     lines = res.stderr.strip().splitlines()

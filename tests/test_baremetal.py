@@ -1,23 +1,142 @@
-"""The bare-metal cell and the repetition policy, for real, without VMs: `lab run` of a lab whose
-only cell is the host itself (its own namespace, veth, cgroup, nginx), with real sysbench, iperf3,
-wrk and nginx. Fast, so it also carries the runner's rounds and adaptive repetition end to end."""
+"""The bare-metal cell, for real, without VMs. Through the backend (LocalBackend.bare_metal): its
+namespace, veth on the run's bridge, cgroup, nginx, teardown, and `lab gc`'s side (list_owned,
+remove_owned) after its maker is killed with -9. Through `lab run` of a lab whose only cell is the
+host itself, with real sysbench, iperf3, wrk and nginx: fast, so it also carries the runner's
+rounds and adaptive repetition end to end. Root only (namespaces, cgroups)."""
 
 from __future__ import annotations
 
 import os
 import signal
 import subprocess
+import sys
+import textwrap
+import time
 from pathlib import Path
 
 import pytest
+from conftest import LAB, leftovers, run_lab_cli, write_lab
 
+from lab import proc
 from lab.backends import local
+from lab.backends.local import layout
 from lab.store import Store
 from lab.wait import wait_until
 
-from conftest import LAB, leftovers, run_lab_cli, write_lab
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the bare-metal cell needs root (namespaces, cgroups)")
 
 BARE_ONLY = 'nic = ["virtio"]\nexclude = [{ nic = "virtio" }]\n'
+WEB_ROOT_FILE = 1048576  # /1m.bin of the golden image's site
+
+
+def nginx_pids(workdir: Path) -> list[int]:
+    """nginx processes whose configuration lies in `workdir` (the cell's)."""
+    return [
+        pid
+        for pid in map(int, filter(str.isdigit, os.listdir("/proc")))
+        if (argv := local.host.cmdline(pid)) and "nginx" in argv[0] and str(workdir) in " ".join(argv)
+    ]
+
+
+def test_bare_metal_cell_through_the_backend(workdir):
+    backend = local.LocalBackend("local", local.Settings(backend="local", workdir=str(workdir)))
+    backend.check()
+    run_id = os.urandom(4).hex()
+    name = f"lab-{run_id}-bm01"
+    client = backend.open_run(run_id)
+    bm = None
+    try:
+        bm = backend.bare_metal(run_id, "bm01", 1, time.time() + 600, client)
+        assert bm.address == "10.77.0.250" and bm.vm.address == bm.address
+        assert layout.read_lease(workdir / name)["kind"] == "bare-metal"
+        # its own namespace, its eth0 a veth whose other end is on the run's bridge
+        assert name in local.list_netns()
+        on_bridge = proc.run(["ip", "-n", client.netns, "-o", "link", "show", "master", "br0"]).stdout
+        assert "vbm01@" in on_bridge
+        # every command runs in the namespace and in the cell's cgroup
+        cgroup = Path(bm.vm.handle["cgroup"])
+        assert cgroup.is_dir() and "cgroup" in bm.facts["cpu_accounting"]
+        seen = bm.guest.run("cat /proc/self/cgroup; ip -o -4 addr show dev eth0").stdout
+        assert f"/{name}" in seen and f"{bm.address}/24" in seen
+        described = bm.describe()
+        assert described["vcpus"] == os.cpu_count() and described["nic_driver"] == "veth" and described["kernel"]
+        tuning = bm.effective_tuning()
+        # read back, not applied (what is read is lab.osfacts' "bare-metal" sysctl_watched)
+        assert (tuning["profile"], tuning["applicable"]) == ("host (unchanged)", True)
+        assert isinstance(tuning["effective"], dict)
+        # nginx serves the golden image's site from the cell, over HTTP and HTTPS, to the client side
+        assert bm.start_web("debian12") is None and bm.facts["nginx"].startswith("nginx version")
+        for url in (f"http://{bm.address}/1m.bin", f"https://{bm.address}/1m.bin"):
+            got = wait_until(
+                lambda: (
+                    (
+                        r := proc.run(
+                            client.argv(["curl", "-sk", "-o", "/dev/null", "-w", "%{size_download}", url]),
+                            check=False,
+                            timeout=30,
+                        )
+                    ).ok
+                    and r.stdout
+                ),
+                timeout=30,
+                what=f"nginx to serve {url}",
+                interval=0.2,
+            )
+            assert int(got) == WEB_ROOT_FILE
+        assert nginx_pids(workdir)
+    finally:
+        if bm is not None:
+            backend.destroy(bm.vm)
+        backend.close_run(run_id)
+    # everything made is gone: nginx, cgroup, namespace (its veth with it), directory
+    assert nginx_pids(workdir) == [] and not cgroup.exists()
+    assert not any(ns.startswith(f"lab-{run_id}") for ns in local.list_netns())
+    assert leftovers(workdir, run_id) == []
+
+
+MAKER = """
+import sys, time
+from lab.backends import local
+backend = local.LocalBackend("local", local.Settings(backend="local", workdir=sys.argv[1]))
+client = backend.open_run(sys.argv[2])
+bm = backend.bare_metal(sys.argv[2], "bm01", 1, time.time() + 600, client)
+why = bm.start_web("debian12")
+print("ready" if why is None else why, flush=True)
+time.sleep(600)
+"""
+
+
+def test_bare_metal_cell_killed_with_9_then_gc_through_the_backend(workdir):
+    run_id = os.urandom(4).hex()
+    name = f"lab-{run_id}-bm01"
+    maker = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(MAKER), str(workdir), run_id],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        line = maker.stdout.readline().strip()
+        assert line == "ready", line + maker.stderr.read() if maker.poll() is not None else line
+    finally:
+        os.killpg(maker.pid, signal.SIGKILL)
+        maker.wait()
+    cgroup = Path(layout.read_lease(workdir / name)["cgroup"])
+    assert nginx_pids(workdir) and cgroup.is_dir() and name in local.list_netns()
+    backend = local.LocalBackend("local", local.Settings(backend="local", workdir=str(workdir)))
+    assert backend.run_is_live(run_id) is False  # the kernel dropped the killed maker's lock
+    owned = backend.list_owned()
+    assert {(o.kind, o.name, o.run_id) for o in owned} == {
+        ("vm", name, run_id),
+        ("netns", name, run_id),
+        ("netns", f"lab-{run_id}", run_id),
+    }
+    for item in sorted(owned, key=lambda o: o.kind != "vm"):  # as `lab gc` does: machines first
+        backend.remove_owned(item)
+    assert nginx_pids(workdir) == [] and not cgroup.exists()
+    assert not any(ns.startswith(f"lab-{run_id}") for ns in local.list_netns())
+    assert leftovers(workdir, run_id) == [] and backend.list_owned() == []
 
 
 def cgroups_of(run_id: str) -> list[str]:
@@ -63,13 +182,22 @@ connections = [10]
     for s in store.samples(run.id):
         n.setdefault((s.workload, s.metric), set()).add(s.repetition)
     assert {k: len(v) for k, v in n.items() if k[1].startswith(("events_per_s", "throughput", "requests"))} == {
-        ("sysbench-cpu", "events_per_s_1t"): 5, ("iperf3-tcp", "throughput_mbit_s_tx"): 5,
-        ("http", "requests_per_s_c10"): 5, ("https", "requests_per_s_c10"): 5}
+        ("sysbench-cpu", "events_per_s_1t"): 5,
+        ("iperf3-tcp", "throughput_mbit_s_tx"): 5,
+        ("http", "requests_per_s_c10"): 5,
+        ("https", "requests_per_s_c10"): 5,
+    }
     ex = store.executions(run.id)
     assert all(e.outcome == "ok" and e.finished_at and e.raw_id for e in ex)
     assert [(e.round, e.workload, e.repetition) for e in ex if e.workload == "iperf3-tcp"] == [
-        (1, "iperf3-tcp", -1), (1, "iperf3-tcp", 0), (1, "iperf3-tcp", 1), (1, "iperf3-tcp", 2),
-        (2, "iperf3-tcp", -1), (2, "iperf3-tcp", 3), (2, "iperf3-tcp", 4)]
+        (1, "iperf3-tcp", -1),
+        (1, "iperf3-tcp", 0),
+        (1, "iperf3-tcp", 1),
+        (1, "iperf3-tcp", 2),
+        (2, "iperf3-tcp", -1),
+        (2, "iperf3-tcp", 3),
+        (2, "iperf3-tcp", 4),
+    ]
     assert [e.seq for e in ex] == sorted(e.seq for e in ex)
     assert run.manifest["rounds"] == [["bm01"], ["bm01"]]
     assert run.manifest["schedule"]["order"] == "interleaved" and run.manifest["schedule"]["seed"] == run.seed
@@ -109,8 +237,9 @@ threads = [1]
     assert o["n"] == 4 and o["stopped"].startswith("budget: 4 repetitions"), o
     # kill -9 mid-run: the namespace, veth, cgroup and directory stay behind until `lab gc`
     cfg.write_text(cfg.read_text().replace("max_repetitions = 4", "max_repetitions = 200"))
-    p = subprocess.Popen([*LAB, "run", "-c", str(cfg)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                         start_new_session=True)
+    p = subprocess.Popen(
+        [*LAB, "run", "-c", str(cfg)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
 
     def second_run_measuring():
         s = Store(tmp_path / "results")

@@ -4,9 +4,8 @@ no sample lost, every store intact."""
 
 from __future__ import annotations
 
-import pytest
-
 import chaos
+import pytest
 
 
 @pytest.mark.vm
@@ -32,10 +31,13 @@ def test_chaos_short(golden, capsys):
 
 def test_verdicts_on_bad_outcomes(tmp_path):
     """The counting itself can fail: a traceback, a wrong exit status, a multi-line error."""
-    assert chaos.one_line_exit(1, "progress\nlab: error: results store x: database or disk is full", tmp_path) \
-        == (True, "results store x: database or disk is full")
-    assert not chaos.one_line_exit(1, "Traceback (most recent call last):\n  ...\nsqlite3.OperationalError: full",
-                                   tmp_path)[0]
+    assert chaos.one_line_exit(1, "progress\nlab: error: results store x: database or disk is full", tmp_path) == (
+        True,
+        "results store x: database or disk is full",
+    )
+    assert not chaos.one_line_exit(
+        1, "Traceback (most recent call last):\n  ...\nsqlite3.OperationalError: full", tmp_path
+    )[0]
     assert not chaos.one_line_exit(2, "lab: error: x", tmp_path)[0]
     assert not chaos.one_line_exit(1, "", tmp_path)[0]
     assert not chaos.one_line_exit(1, "1 of 1 cells failed; see `lab show abc`", tmp_path)[0]  # no store: no error

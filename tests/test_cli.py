@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import socket
 
-from conftest import run_lab_cli
+from conftest import lab_cli, run_lab_cli
 from pve_emulator.fixtures import pve_certs_fixture, pve_fixture  # noqa: F401  (fixtures)
 
 
@@ -34,8 +34,13 @@ token = "env:LAB_TEST_PVE_TOKEN"
 [matrix]
 host = ["pve1"]
 """)
-    res = run_lab_cli("run", "-c", str(tmp_path / "lab.toml"), cwd=tmp_path, timeout=120,
-                      env={"LAB_TEST_PVE_TOKEN": "lab@pve!t=00000000-dead-beef-0000-000000000000"})
+    res = lab_cli(
+        "run",
+        "-c",
+        str(tmp_path / "lab.toml"),
+        cwd=tmp_path,
+        env={"LAB_TEST_PVE_TOKEN": "lab@pve!t=00000000-dead-beef-0000-000000000000"},
+    )
     _one_line_exit_2(res, f"127.0.0.1:{port}")
     assert "dead-beef" not in res.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["lab.toml"]
@@ -51,18 +56,18 @@ token = "env:LAB_TEST_UNSET_TOKEN"
 [matrix]
 host = ["pve1"]
 """)
-    res = run_lab_cli("run", "-c", str(tmp_path / "lab.toml"), cwd=tmp_path, timeout=60)
+    res = lab_cli("run", "-c", str(tmp_path / "lab.toml"), cwd=tmp_path)
     _one_line_exit_2(res, "hosts.pve1.token", "LAB_TEST_UNSET_TOKEN")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["lab.toml"]
 
 
 def test_unknown_run_and_unknown_command(tmp_path):
     (tmp_path / "lab.toml").write_text('[lab]\nresults = "r"\n')
-    res = run_lab_cli("show", "nope", "-c", str(tmp_path / "lab.toml"), cwd=tmp_path)
+    res = lab_cli("show", "nope", "-c", str(tmp_path / "lab.toml"), cwd=tmp_path)
     _one_line_exit_2(res, "no runs")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["lab.toml"]
     # Listing no runs is an empty answer, not an error, and creates no store either.
-    res = run_lab_cli("ls", "-c", str(tmp_path / "lab.toml"), cwd=tmp_path)
+    res = lab_cli("ls", "-c", str(tmp_path / "lab.toml"), cwd=tmp_path)
     assert res.returncode == 0 and "no runs in" in res.stdout, (res.returncode, res.stdout, res.stderr)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["lab.toml"]
     res = run_lab_cli("frobnicate", cwd=tmp_path)
@@ -71,7 +76,7 @@ def test_unknown_run_and_unknown_command(tmp_path):
 
 def test_plan_shows_cells_and_estimate(tmp_path):
     (tmp_path / "lab.toml").write_text('[matrix]\nnic = ["virtio", "e1000"]\nvcpus = [1, 2]\n')
-    res = run_lab_cli("plan", "-c", str(tmp_path / "lab.toml"), cwd=tmp_path)
+    res = lab_cli("plan", "-c", str(tmp_path / "lab.toml"), cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     assert "4 cells" in res.stdout and "c04" in res.stdout and "estimated time" in res.stdout
     assert sorted(p.name for p in tmp_path.iterdir()) == ["lab.toml"]
@@ -96,13 +101,17 @@ def test_bad_token_and_missing_privilege_on_the_cli_are_exit_2_without_secrets(t
 
     _pve_toml(tmp_path, pve, "LAB_TEST_PVE_TOKEN")
     wrong = "lab@pve!lab=0bad5ec7-0000-4000-8000-5ec7e7000000"
-    res = run_lab_cli("run", "-c", str(tmp_path / "lab.toml"), cwd=tmp_path, timeout=120,
-                      env={"LAB_TEST_PVE_TOKEN": wrong})
+    res = lab_cli("run", "-c", str(tmp_path / "lab.toml"), cwd=tmp_path, env={"LAB_TEST_PVE_TOKEN": wrong})
     _one_line_exit_2(res, "authentication failed (401) for token lab@pve!lab")
     assert "0bad5ec7" not in res.stderr + res.stdout
     pve.add_token("lab@pve!audit", "5ec7-audit-only", acl={"/vms": VM_PRIVS - {"VM.Audit"}})
-    res = run_lab_cli("run", "-c", str(tmp_path / "lab.toml"), cwd=tmp_path, timeout=120,
-                      env={"LAB_TEST_PVE_TOKEN": "lab@pve!audit=5ec7-audit-only"})
+    res = lab_cli(
+        "run",
+        "-c",
+        str(tmp_path / "lab.toml"),
+        cwd=tmp_path,
+        env={"LAB_TEST_PVE_TOKEN": "lab@pve!audit=5ec7-audit-only"},
+    )
     _one_line_exit_2(res, "lab@pve!audit lacks a privilege: Permission check failed (/vms/9000, VM.Audit)")
     assert "5ec7-audit-only" not in res.stderr + res.stdout
     assert sorted(p.name for p in tmp_path.iterdir()) == ["lab.toml"]  # no results store, nothing made
@@ -115,8 +124,9 @@ def test_unknown_node_on_the_cli_is_exit_2_naming_the_key(tmp_path, pve):
     (tmp_path / "lab.toml").write_text(text)
     from pve_emulator.fixtures import TOKEN_ID, TOKEN_SECRET
 
-    res = run_lab_cli("run", "-c", str(tmp_path / "lab.toml"), cwd=tmp_path, timeout=120,
-                      env={"LAB_TEST_PVE_TOKEN": f"{TOKEN_ID}={TOKEN_SECRET}"})
+    res = lab_cli(
+        "run", "-c", str(tmp_path / "lab.toml"), cwd=tmp_path, env={"LAB_TEST_PVE_TOKEN": f"{TOKEN_ID}={TOKEN_SECRET}"}
+    )
     _one_line_exit_2(res, "hosts.pve1.nodes[1] = 'pve3': no such node in the cluster", "its nodes: pve1, pve2")
     assert TOKEN_SECRET not in res.stderr + res.stdout
     assert sorted(p.name for p in tmp_path.iterdir()) == ["lab.toml"]

@@ -37,8 +37,15 @@ def one(a, b, *, kind=THROUGHPUT, seed=0, **kw) -> Row:
 
 def test_verdict_strings_are_the_documented_ones():
     assert {v.value for v in Verdict} == {
-        "better", "worse", "no significant difference", "no significant difference (within noise)",
-        "not enough samples", "missing in A", "missing in B", "informational",
+        "better",
+        "worse",
+        "no significant difference",
+        "no significant difference (within noise)",
+        "not enough samples",
+        "missing in A",
+        "missing in B",
+        "informational",
+        "only flagged samples",
     }
     assert Verdict.BETTER == "better"
 
@@ -104,8 +111,14 @@ def test_missing_cells_on_either_side_are_rows_not_dropped():
     assert by_key[only_b].verdict == Verdict.MISSING_A
     assert by_key[both].verdict in (Verdict.NO_DIFFERENCE, Verdict.BETTER, Verdict.WORSE)
     missing_b = by_key[only_a]
-    assert (missing_b.n_a, missing_b.n_b, missing_b.median_b, missing_b.ratio, missing_b.ratio_ci, missing_b.p_value) == (
-        5, 0, None, None, None, None)
+    assert (
+        missing_b.n_a,
+        missing_b.n_b,
+        missing_b.median_b,
+        missing_b.ratio,
+        missing_b.ratio_ci,
+        missing_b.p_value,
+    ) == (5, 0, None, None, None, None)
     assert missing_b.median_a is not None and missing_b.summary_a is not None and missing_b.summary_b is None
     assert missing_b.unit == "Mbit/s" and missing_b.higher_is_better is True
     missing_a = by_key[only_b]
@@ -235,8 +248,9 @@ def test_noise_floor_marks_differences_no_larger_than_aa():
     assert within.noise_band == pytest.approx((0.95, 1 / 0.95))
     assert one(a, b, noise=narrow_aa).verdict == Verdict.BETTER
     # Through compare(): looked up by key, and absent keys get no band.
-    rows = compare({"k": series(a), "j": series(a)}, {"k": series(b), "j": series(b)},
-                   n_resamples=R, noise_floor={"k": wide_aa})
+    rows = compare(
+        {"k": series(a), "j": series(a)}, {"k": series(b), "j": series(b)}, n_resamples=R, noise_floor={"k": wide_aa}
+    )
     by_key = {r.key: r for r in rows}
     assert by_key["k"].verdict == Verdict.WITHIN_NOISE
     assert by_key["j"].verdict == Verdict.BETTER and by_key["j"].noise_band is None

@@ -11,13 +11,12 @@ import signal
 import subprocess
 
 import pytest
+from conftest import LAB, chromium_render, leftovers, run_lab_cli, write_lab
 
 from lab import config, plan
 from lab.backends import local
 from lab.store import Store
 from lab.wait import wait_until
-
-from conftest import LAB, chromium_render, leftovers, run_lab_cli, write_lab
 
 pytestmark = [pytest.mark.vm, pytest.mark.image]
 
@@ -30,6 +29,7 @@ repetitions_per_boot = 2
 warmup = 1
 bare_metal = true
 noise_floor = true
+quiet_host = "off"  # about rounds and a VM killed midway; the host's load is test_host_load_vm's
 [suite.params.sysbench-cpu]
 time = 1
 threads = [1]
@@ -44,8 +44,7 @@ def seed_with_twin_first_in_round_2(cfg_text: str) -> int:
     """A seed whose second round boots the twin before the other VMs: killing it there shows the
     cells after it going on."""
     for seed in range(1000):
-        cfg = config.parse({"matrix": {"nic": ["virtio", "e1000"]},
-                            "suite": {"bare_metal": True, "noise_floor": True}})
+        cfg = config.parse({"matrix": {"nic": ["virtio", "e1000"]}, "suite": {"bare_metal": True, "noise_floor": True}})
         order = [u.id for u in plan.round_order(plan.units(cfg), seed, 2) if u.kind == "vm"]
         if order[0] == "c01-aa":
             return seed
@@ -56,8 +55,9 @@ def test_interleaved_run_then_show_compare_report(golden, workdir, tmp_path):
     seed = seed_with_twin_first_in_round_2(MATRIX)
     cfg = write_lab(tmp_path, workdir, matrix=MATRIX, suite=SUITE.format(seed=seed))
     results = tmp_path / "results"
-    p = subprocess.Popen([*LAB, "run", "-c", str(cfg)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         start_new_session=True)
+    p = subprocess.Popen(
+        [*LAB, "run", "-c", str(cfg)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
 
     def twin_measuring_iperf3_in_round_2():
         if not (results / "lab.db").exists():
@@ -65,14 +65,20 @@ def test_interleaved_run_then_show_compare_report(golden, workdir, tmp_path):
         s = Store(results)
         try:
             runs = s.runs()
-            return bool(runs) and any(e.cell_id == "c01-aa" and e.round == 2 and e.workload == "iperf3-tcp"
-                                      and e.repetition >= 0 and e.outcome == "running" for e in s.executions(runs[0].id))
+            return bool(runs) and any(
+                e.cell_id == "c01-aa"
+                and e.round == 2
+                and e.workload == "iperf3-tcp"
+                and e.repetition >= 0
+                and e.outcome == "running"
+                for e in s.executions(runs[0].id)
+            )
         finally:
             s.close()
 
     try:
         wait_until(twin_measuring_iperf3_in_round_2, timeout=1500, what="the twin's iperf3 in round 2", interval=0.2)
-        (pid, _), = [(pid, n) for pid, n in local.qemu_processes(workdir) if n.endswith("-c01-aa")]
+        ((pid, _),) = [(pid, n) for pid, n in local.qemu_processes(workdir) if n.endswith("-c01-aa")]
         os.kill(pid, signal.SIGKILL)  # the twin's VM dies mid-measurement
         out, err = p.communicate(timeout=1500)
     finally:
@@ -84,8 +90,7 @@ def test_interleaved_run_then_show_compare_report(golden, workdir, tmp_path):
     store = Store(results)
     (run,) = store.runs()
     cells = {c.cell_id: c for c in store.cells(run.id)}
-    assert {k: c.status for k, c in cells.items()} == {"c01": "done", "c02": "done", "c01-aa": "failed",
-                                                       "bm01": "done"}
+    assert {k: c.status for k, c in cells.items()} == {"c01": "done", "c02": "done", "c01-aa": "failed", "bm01": "done"}
     assert cells["c01-aa"].stage == "workloads" and cells["c01-aa"].error
     # the executed order: every cell in both rounds, each round in its recorded seeded order; the
     # cells after the failed one in round 2 went on
@@ -99,7 +104,7 @@ def test_interleaved_run_then_show_compare_report(golden, workdir, tmp_path):
     assert [u.id for u in plan.round_order(plan.units(config.load(cfg)), seed, 2)] == firsts[2]
     failed = [e for e in ex if e.outcome == "failed"]
     assert [(e.cell_id, e.round, e.workload) for e in failed] == [("c01-aa", 2, "iperf3-tcp")]
-    after = firsts[2][firsts[2].index("c01-aa") + 1:]
+    after = firsts[2][firsts[2].index("c01-aa") + 1 :]
     assert {"c01", "c02"} <= set(after)
     # samples: 4 per finished cell; the twin keeps what it measured before it died
     n = {}
@@ -129,10 +134,12 @@ def test_interleaved_run_then_show_compare_report(golden, workdir, tmp_path):
     # overhead vs bare metal: under TCG a VM computes far slower than the host does
     res = run_lab_cli("compare", run.id, "--baseline", "-c", str(cfg), "--json")
     assert res.returncode == 0, res.stderr
-    over = [o for o in json.loads(res.stdout) if o["key"][2] == "events_per_s_1t"]
+    over = [o for o in json.loads(res.stdout)["rows"] if o["key"][2] == "events_per_s_1t"]
     assert sorted(o["cell"].split("/")[2] for o in over) == ["e1000", "virtio"]
-    assert all(o["baseline"] == "local/bare-metal" and o["change_ci_pct"][0] <= o["change_pct"] <= o["change_ci_pct"][1]
-               for o in over)
+    assert all(
+        o["baseline"] == "local/bare-metal" and o["change_ci_pct"][0] <= o["change_pct"] <= o["change_ci_pct"][1]
+        for o in over
+    )
     if accel == "tcg":
         assert all(o["change_pct"] < -30 and o["verdict"] == "worse" for o in over), over
     text = run_lab_cli("compare", run.id, "--baseline", "-c", str(cfg)).stdout

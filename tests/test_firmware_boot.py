@@ -16,12 +16,12 @@ import time
 from pathlib import Path
 
 import pytest
+from pve_emulator.qemu import OVMF_CODE, OVMF_VARS, guest_agent
 
 from lab import proc
 from lab.backends.local import QEMU, READY_MARKER, lab_key, stop_process
 from lab.guest import Guest
 from lab.wait import wait_until
-from pve_emulator.qemu import OVMF_CODE, OVMF_VARS, guest_agent
 
 pytestmark = [pytest.mark.vm, pytest.mark.image]
 
@@ -43,10 +43,12 @@ def _cidata(workdir: Path, extra_pubkey: str) -> Path:
         "version: 1\nconfig:\n    - type: physical\n      name: eth0\n"
         f"      mac_address: {MAC.upper()}\n      subnets:\n        - type: static\n"
         "          address: 10.0.2.50/24\n          gateway: 10.0.2.2\n"
-        "    - type: nameserver\n      address:\n      - 10.0.2.3\n")
+        "    - type: nameserver\n      address:\n      - 10.0.2.3\n"
+    )
     (d / "user-data").write_text(
         "#cloud-config\nhostname: lab-fw\nmanage_etc_hosts: true\nuser: root\ndisable_root: False\n"
-        f"ssh_authorized_keys:\n  - {extra_pubkey}\nchpasswd:\n  expire: False\npackage_upgrade: true\n")
+        f"ssh_authorized_keys:\n  - {extra_pubkey}\nchpasswd:\n  expire: False\npackage_upgrade: true\n"
+    )
     (d / "meta-data").write_text("instance-id: 0123456789abcdef\n")
     iso = workdir / "cidata.iso"
     proc.run(["genisoimage", "-quiet", "-R", "-V", "cidata", "-o", iso, d], timeout=60, what="genisoimage")
@@ -55,26 +57,53 @@ def _cidata(workdir: Path, extra_pubkey: str) -> Path:
 
 def _boot(golden, workdir: Path, *, uefi: bool, cidata: Path | None, guest_ip: str):
     disk = workdir / "disk.qcow2"
-    proc.run(["qemu-img", "create", "-q", "-f", "qcow2", "-b", str(golden.path.resolve()), "-F", "qcow2", disk],
-             what="qemu-img create")
+    proc.run(
+        ["qemu-img", "create", "-q", "-f", "qcow2", "-b", str(golden.path.resolve()), "-F", "qcow2", disk],
+        what="qemu-img create",
+    )
     port = _free_port()
     # UEFI: q35, as PVE recommends with OVMF (its ide2 is then a port of the ICH9 AHCI controller)
-    argv = [QEMU, "-machine", f"{'q35' if uefi else 'pc'},accel=tcg", "-nodefaults", "-no-user-config", "-display", "none",
-            "-smp", "2", "-m", "1024",
-            # PVE's scsihw=virtio-scsi-single + scsi0, boot order on the disk
-            "-device", "virtio-scsi-pci,id=scsi0",
-            "-drive", f"file={disk},if=none,id=d0,format=qcow2",
-            "-device", "scsi-hd,drive=d0,bus=scsi0.0,bootindex=1",
-            "-netdev", f"user,id=n0,hostfwd=tcp:127.0.0.1:{port}-{guest_ip}:22",
-            "-device", f"virtio-net-pci,netdev=n0,mac={MAC},romfile=",
-            "-chardev", f"socket,id=qga0,path={workdir / 'qga.sock'},server=on,wait=off",
-            "-device", "virtio-serial-pci", "-device", "virtserialport,chardev=qga0,name=org.qemu.guest_agent.0",
-            "-serial", f"file:{workdir / 'console.log'}"]
+    argv = [
+        QEMU,
+        "-machine",
+        f"{'q35' if uefi else 'pc'},accel=tcg",
+        "-nodefaults",
+        "-no-user-config",
+        "-display",
+        "none",
+        "-smp",
+        "2",
+        "-m",
+        "1024",
+        # PVE's scsihw=virtio-scsi-single + scsi0, boot order on the disk
+        "-device",
+        "virtio-scsi-pci,id=scsi0",
+        "-drive",
+        f"file={disk},if=none,id=d0,format=qcow2",
+        "-device",
+        "scsi-hd,drive=d0,bus=scsi0.0,bootindex=1",
+        "-netdev",
+        f"user,id=n0,hostfwd=tcp:127.0.0.1:{port}-{guest_ip}:22",
+        "-device",
+        f"virtio-net-pci,netdev=n0,mac={MAC},romfile=",
+        "-chardev",
+        f"socket,id=qga0,path={workdir / 'qga.sock'},server=on,wait=off",
+        "-device",
+        "virtio-serial-pci",
+        "-device",
+        "virtserialport,chardev=qga0,name=org.qemu.guest_agent.0",
+        "-serial",
+        f"file:{workdir / 'console.log'}",
+    ]
     if uefi:
         vars_copy = workdir / "OVMF_VARS.fd"
         shutil.copyfile(OVMF_VARS, vars_copy)
-        argv += ["-drive", f"if=pflash,format=raw,unit=0,readonly=on,file={OVMF_CODE}",
-                 "-drive", f"if=pflash,format=raw,unit=1,file={vars_copy}"]
+        argv += [
+            "-drive",
+            f"if=pflash,format=raw,unit=0,readonly=on,file={OVMF_CODE}",
+            "-drive",
+            f"if=pflash,format=raw,unit=1,file={vars_copy}",
+        ]
     if cidata is not None:  # PVE's ide2: the secondary master (pc) or AHCI port 2 (q35), a CD-ROM
         argv += ["-drive", f"file={cidata},if=ide,index=2,media=cdrom,format=raw,readonly=on"]
     assert "-kernel" not in argv
@@ -91,14 +120,23 @@ def _ready(p, workdir: Path, t0: float) -> float:
             raise AssertionError(f"QEMU exited: {(workdir / 'qemu.log').read_text()[-500:]}")
         return console.exists() and READY_MARKER in console.read_bytes()
 
-    wait_until(up, timeout=600, what="LAB-READY after a firmware boot", interval=0.5, max_interval=2)
+    def tail() -> str:  # what the guest got to, so a CI failure can be read without its workdir
+        text = console.read_bytes().decode(errors="replace") if console.exists() else "(no console.log)"
+        return "console tail: " + " | ".join(line.strip() for line in text.splitlines()[-25:] if line.strip())
+
+    wait_until(up, timeout=600, what="LAB-READY after a firmware boot", interval=0.5, max_interval=2, detail=tail)
     return time.monotonic() - t0
 
 
 def _qga(sock_path: Path, command: str, timeout: float = 120) -> dict:
     """A guest agent command, retried until the agent (started by udev after boot) answers."""
-    return wait_until(lambda: guest_agent(sock_path, command, timeout=10), timeout=timeout,
-                      what=f"the guest agent to answer {command}", interval=1, max_interval=3)
+    return wait_until(
+        lambda: guest_agent(sock_path, command, timeout=10),
+        timeout=timeout,
+        what=f"the guest agent to answer {command}",
+        interval=1,
+        max_interval=3,
+    )
 
 
 def _check(golden, workdir: Path, *, uefi: bool, cidata: bool) -> dict:
@@ -110,9 +148,11 @@ def _check(golden, workdir: Path, *, uefi: bool, cidata: bool) -> dict:
     try:
         ready_s = _ready(p, workdir, t0)
         with Guest("127.0.0.1", port=port, key=lab_key()) as g:
-            out = g.run("cat /proc/cmdline; echo ---; test -d /sys/firmware/efi && echo efi || echo bios; "
-                        "ip -4 -o addr show dev eth0; journalctl -b -u lab-net -o cat | grep lab-net:",
-                        timeout=120).stdout
+            out = g.run(
+                "cat /proc/cmdline; echo ---; test -d /sys/firmware/efi && echo efi || echo bios; "
+                "ip -4 -o addr show dev eth0; journalctl -b -u lab-net -o cat | grep lab-net:",
+                timeout=120,
+            ).stdout
         login_s = time.monotonic() - t0
         cmdline, rest = out.split("---", 1)
         # GRUB booted it (BOOT_IMAGE), with the image's command line and no lab.ip

@@ -18,20 +18,26 @@ import pytest
 import lab
 from lab import images, osfacts, proc
 from lab.errors import UsageError
-from lab.model import NicModel
+from lab.model import DiskBus, NicModel
 
 ISO_IMAGES = [r.name for r in images.ISO_RECIPES]
 ALL_IMAGES = sorted(images.RECIPES)
 PUBKEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGxhYi10ZXN0LWtleS1ub3QtYS1yZWFsLW9uZS0tLQ lab@test"
 # Each release's checksum file, in the format its project publishes (Packer parses it to find the
 # ISO's line): GNU (hash, two spaces, name) or BSD (ALGO (name) = hash).
-CHECKSUM_FORMAT = {"debian12": "gnu256", "alpine3": "gnu256", "freebsd14": "bsd256", "netbsd10": "bsd512",
-                   "openbsd7": "bsd256"}
+CHECKSUM_FORMAT = {
+    "debian12": "gnu256",
+    "alpine3": "gnu256",
+    "freebsd14": "bsd256",
+    "netbsd10": "bsd512",
+    "openbsd7": "bsd256",
+}
 SHELL_ANSWERS = ["alpine-install.sh.j2", "netbsd-install.sh.j2"]
 
 needs_packer = pytest.mark.skipif(shutil.which("packer") is None, reason="packer is not installed (make setup)")
-needs_shellcheck = pytest.mark.skipif(shutil.which("shellcheck") is None,
-                                      reason="shellcheck is not installed (make setup)")
+needs_shellcheck = pytest.mark.skipif(
+    shutil.which("shellcheck") is None, reason="shellcheck is not installed (make setup)"
+)
 
 
 def _template(name: str) -> Path:
@@ -62,26 +68,55 @@ def fixtures(tmp_path_factory):
     for name in ALL_IMAGES:
         iso = _defaults(name)["iso_url"].rsplit("/", 1)[-1]
         fmt = CHECKSUM_FORMAT[name]
-        line = {"gnu256": f"{'ab' * 32}  {iso}", "bsd256": f"SHA256 ({iso}) = {'ab' * 32}",
-                "bsd512": f"SHA512 ({iso}) = {'ab' * 64}"}[fmt]
+        line = {
+            "gnu256": f"{'ab' * 32}  {iso}",
+            "bsd256": f"SHA256 ({iso}) = {'ab' * 32}",
+            "bsd512": f"SHA512 ({iso}) = {'ab' * 64}",
+        }[fmt]
         sums[name] = root / f"{name}.sums"
         sums[name].write_text(f"{line.replace(iso, 'other-' + iso)}\n{line}\n")
     return {"root": root, "key": key, "stage": stage, "sums": sums}
 
 
 def _packer_validate(template: Path, only: str, pvars: dict[str, object]) -> proc.Result:
-    argv = ["packer", "validate", f"-only={only}", *[a for k, v in pvars.items() for a in ("-var", f"{k}={v}")],
-            template]
+    argv = [
+        "packer",
+        "validate",
+        f"-only={only}",
+        *[a for k, v in pvars.items() for a in ("-var", f"{k}={v}")],
+        template,
+    ]
     return proc.run(argv, timeout=120, check=False, env={"CHECKPOINT_DISABLE": "1"})
 
 
 @needs_packer
 @pytest.mark.parametrize("name", ISO_IMAGES)
 def test_qemu_source_validates(name, fixtures):
-    res = _packer_validate(_template(name), f"qemu.{name}", {
-        "iso_checksum": f"file:{fixtures['sums'][name]}", "ssh_key": fixtures["key"],
-        "http_dir": fixtures["root"] / "http", "stage_dir": fixtures["stage"]})
+    res = _packer_validate(
+        _template(name),
+        f"qemu.{name}",
+        {
+            "iso_checksum": f"file:{fixtures['sums'][name]}",
+            "ssh_key": fixtures["key"],
+            "http_dir": fixtures["root"] / "http",
+            "stage_dir": fixtures["stage"],
+        },
+    )
     assert res.returncode == 0, res.stdout + res.stderr
+
+
+@needs_packer
+@pytest.mark.parametrize("name", ALL_IMAGES)
+@pytest.mark.parametrize(
+    "key,value",
+    [("disk_size", "4096"), ("proxmox_url", "https://pve1:8006"), ("proxmox_username", "root@pam")],
+)
+def test_a_malformed_input_is_refused_by_its_validation_block(name, key, value):
+    """The templates' validation blocks (written with regex_replace: Packer 1.6.6 has no regex())
+    refuse a malformed value before anything is built, naming the variable."""
+    res = _packer_validate(_template(name), f"qemu.{name}", {key: value})
+    assert res.returncode != 0
+    assert f"The {key} must be" in res.stdout + res.stderr
 
 
 def _with_password_auth(name: str, dest: Path) -> Path:
@@ -98,14 +133,36 @@ def _with_password_auth(name: str, dest: Path) -> Path:
     return out
 
 
+@pytest.mark.parametrize("name", ALL_IMAGES)
+def test_packer_built_proxmox_template_is_one_the_lab_clones(name):
+    """A template built by the proxmox-iso source with `-var recipe_digest=...` carries what the
+    Proxmox backend looks for: its marker, the image's name and the recipe digest."""
+    from lab.backends.proxmox.ownership import is_lab_template, parse_description
+
+    m = re.search(r'template_description\s*=\s*"((?:[^"\\]|\\.)*)"', _template(name).read_text())
+    assert m, "the proxmox-iso source has no template_description"
+    digest = images.recipe_digest(name)
+    text = m.group(1).replace("\\n", "\n").replace("${var.recipe_digest}", digest)
+    assert is_lab_template(text, name), text
+    assert parse_description(text)["lab-image-digest"] == digest
+
+
 @needs_packer
 @pytest.mark.parametrize("name", ALL_IMAGES)
 def test_proxmox_source_validates(name, fixtures, tmp_path):
     template = _with_password_auth(name, tmp_path)
-    res = _packer_validate(template, f"proxmox-iso.{name}", {
-        "proxmox_token": "token-secret-for-validation", "iso_checksum": f"file:{fixtures['sums'][name]}",
-        "ssh_key": fixtures["key"], "http_dir": fixtures["root"] / "http", "stage_dir": fixtures["stage"],
-        "proxmox_url": "https://pve.example:8006/api2/json"})
+    res = _packer_validate(
+        template,
+        f"proxmox-iso.{name}",
+        {
+            "proxmox_token": "token-secret-for-validation",
+            "iso_checksum": f"file:{fixtures['sums'][name]}",
+            "ssh_key": fixtures["key"],
+            "http_dir": fixtures["root"] / "http",
+            "stage_dir": fixtures["stage"],
+            "proxmox_url": "https://pve.example:8006/api2/json",
+        },
+    )
     assert res.returncode == 0, res.stdout + res.stderr
 
 
@@ -114,9 +171,16 @@ def test_validate_catches_a_checksum_file_without_the_iso(fixtures, tmp_path):
     # The checks above mean something only if validate reads the checksum file for the ISO's name.
     wrong = tmp_path / "sums"
     wrong.write_text(f"SHA256 (install00.iso) = {'ab' * 32}\n")
-    res = _packer_validate(_template("openbsd7"), "qemu.openbsd7", {
-        "iso_checksum": f"file:{wrong}", "ssh_key": fixtures["key"], "http_dir": fixtures["root"] / "http",
-        "stage_dir": fixtures["stage"]})
+    res = _packer_validate(
+        _template("openbsd7"),
+        "qemu.openbsd7",
+        {
+            "iso_checksum": f"file:{wrong}",
+            "ssh_key": fixtures["key"],
+            "http_dir": fixtures["root"] / "http",
+            "stage_dir": fixtures["stage"],
+        },
+    )
     assert res.returncode != 0 and "no checksum found" in res.stdout + res.stderr
 
 
@@ -124,9 +188,17 @@ def test_validate_catches_a_checksum_file_without_the_iso(fixtures, tmp_path):
 def test_validate_catches_a_broken_proxmox_source(fixtures, tmp_path):
     template = _with_password_auth("freebsd14", tmp_path)
     template.write_text(template.read_text().replace("    bridge = var.proxmox_bridge\n", ""))
-    res = _packer_validate(template, "proxmox-iso.freebsd14", {
-        "proxmox_token": "token-secret-for-validation", "iso_checksum": f"file:{fixtures['sums']['freebsd14']}",
-        "ssh_key": fixtures["key"], "http_dir": fixtures["root"] / "http", "stage_dir": fixtures["stage"]})
+    res = _packer_validate(
+        template,
+        "proxmox-iso.freebsd14",
+        {
+            "proxmox_token": "token-secret-for-validation",
+            "iso_checksum": f"file:{fixtures['sums']['freebsd14']}",
+            "ssh_key": fixtures["key"],
+            "http_dir": fixtures["root"] / "http",
+            "stage_dir": fixtures["stage"],
+        },
+    )
     assert res.returncode != 0 and "bridge must be specified" in res.stdout + res.stderr
 
 
@@ -149,6 +221,9 @@ def test_template_has_both_sources_and_the_lab_contract(name):
     assert re.search(r'variable "proxmox_token" \{[^}]*sensitive\s*=\s*true', text, re.S)
     assert 'default     = ""\n  sensitive' in text  # no secret in the template
     assert "hostfwd=tcp:127.0.0.1:" in text  # SSH forward on loopback only
+    if name in ISO_IMAGES:  # the answer files (a root password hash among them) served on loopback only
+        qemu_source = text.split(f'source "qemu" "{name}"', 1)[1].split("\nsource ", 1)[0]
+        assert 'http_bind_address = "127.0.0.1"' in qemu_source
     assert 'direction   = "download"' in text and "/etc/lab-image.json" in text
 
 
@@ -160,7 +235,7 @@ def test_iso_defaults_are_release_urls_with_checksum_files(name):
     assert url.startswith("https://") and url.endswith(".iso")
     assert checksum.startswith("file:https://")
     # The checksum file lives beside the ISO (same release directory, or the ISO's own .sha256).
-    assert checksum[len("file:"):].rsplit("/", 1)[0] == url.rsplit("/", 1)[0]
+    assert checksum[len("file:") :].rsplit("/", 1)[0] == url.rsplit("/", 1)[0]
     r = images.recipe(name)
     assert r.release.split(".")[0] in url
 
@@ -222,8 +297,15 @@ def _installerconfig_parts(text: str) -> tuple[str, str]:
 def test_freebsd_installerconfig(rendered, tmp_path):
     preamble, script = _installerconfig_parts(rendered["freebsd14"]["installerconfig"].read_text())
     # The preamble is sourced by bsdinstall's sh: it must be valid sh setting what `script` reads.
-    res = proc.run(["sh", "-c", f". '{tmp_path / 'pre'}'; echo \"$PARTITIONS|$DISTRIBUTIONS|$nonInteractive\""],
-                   timeout=10, check=False) if (tmp_path / "pre").write_text(preamble) else None
+    res = (
+        proc.run(
+            ["sh", "-c", f". '{tmp_path / 'pre'}'; echo \"$PARTITIONS|$DISTRIBUTIONS|$nonInteractive\""],
+            timeout=10,
+            check=False,
+        )
+        if (tmp_path / "pre").write_text(preamble)
+        else None
+    )
     assert res.returncode == 0, res.stderr
     partitions, dists, non_interactive = res.stdout.strip().split("|")
     assert partitions.split()[0] == osfacts.facts("freebsd").install_disk and "GPT" in partitions
@@ -231,8 +313,14 @@ def test_freebsd_installerconfig(rendered, tmp_path):
     (tmp_path / "setup.sh").write_text(script)
     res = proc.run(["shellcheck", "-s", "sh", "-S", "warning", tmp_path / "setup.sh"], timeout=60, check=False)
     assert res.returncode == 0, res.stdout
-    for needle in ('sysrc ifconfig_DEFAULT="DHCP"', 'sysrc sshd_enable="YES"', 'console="comconsole',
-                   "PermitRootLogin prohibit-password", "/root/.ssh/authorized_keys", "pw usermod root -H 0"):
+    for needle in (
+        'sysrc ifconfig_DEFAULT="DHCP"',
+        'sysrc sshd_enable="YES"',
+        'console="comconsole',
+        "PermitRootLogin prohibit-password",
+        "/root/.ssh/authorized_keys",
+        "pw usermod root -H 0",
+    ):
         assert needle in script, needle
     assert script.rstrip().endswith("reboot")
 
@@ -269,8 +357,14 @@ def test_openbsd_install_conf(rendered):
 
 def _shell_assignments(text: str) -> dict[str, str]:
     """setup-alpine sources its answer file: read it back with sh itself."""
-    res = subprocess.run(["sh", "-c", 'set -a; . /dev/stdin; env -0'], input=text, capture_output=True,
-                         text=True, timeout=10, env={"PATH": os.environ["PATH"]})
+    res = subprocess.run(
+        ["sh", "-c", "set -a; . /dev/stdin; env -0"],
+        input=text,
+        capture_output=True,
+        text=True,
+        timeout=10,
+        env={"PATH": os.environ["PATH"]},
+    )
     assert res.returncode == 0, res.stderr
     return dict(item.split("=", 1) for item in res.stdout.split("\0") if "=" in item)
 
@@ -278,8 +372,21 @@ def _shell_assignments(text: str) -> dict[str, str]:
 def test_alpine_answers(rendered):
     env = _shell_assignments(rendered["alpine3"]["answers"].read_text())
     # setup-alpine -f asks for whatever its answer file leaves unset.
-    for key in ("KEYMAPOPTS", "HOSTNAMEOPTS", "INTERFACESOPTS", "DNSOPTS", "TIMEZONEOPTS", "PROXYOPTS",
-                "APKREPOSOPTS", "USEROPTS", "SSHDOPTS", "NTPOPTS", "DISKOPTS", "LBUOPTS", "APKCACHEOPTS"):
+    for key in (
+        "KEYMAPOPTS",
+        "HOSTNAMEOPTS",
+        "INTERFACESOPTS",
+        "DNSOPTS",
+        "TIMEZONEOPTS",
+        "PROXYOPTS",
+        "APKREPOSOPTS",
+        "USEROPTS",
+        "SSHDOPTS",
+        "NTPOPTS",
+        "DISKOPTS",
+        "LBUOPTS",
+        "APKCACHEOPTS",
+    ):
         assert key in env, key
     assert env["HOSTNAMEOPTS"] == "lab-alpine3"
     assert "iface eth0 inet dhcp" in env["INTERFACESOPTS"]
@@ -295,9 +402,19 @@ def test_netbsd_install_script(rendered):
     text = rendered["netbsd10"]["install.sh"].read_text()
     f = osfacts.facts("netbsd")
     assert f"disk={f.install_disk}" in text and f.install_disk == "ld0"
-    for needle in ("gpt create", "newfs -O 2", "installboot", "consdev=com0", "dhcpcd=YES", "sshd=YES",
-                   "PermitRootLogin prohibit-password", "/root/.ssh/authorized_keys", "base.tar.xz",
-                   "kern-GENERIC", "NAME=labroot / ffs"):
+    for needle in (
+        "gpt create",
+        "newfs -O 2",
+        "installboot",
+        "consdev=com0",
+        "dhcpcd=YES",
+        "sshd=YES",
+        "PermitRootLogin prohibit-password",
+        "/root/.ssh/authorized_keys",
+        "base.tar.xz",
+        "kern-GENERIC",
+        "NAME=labroot / ffs",
+    ):
         assert needle in text, needle
     assert text.rstrip().endswith("reboot")
 
@@ -328,10 +445,17 @@ def test_debian_preseed_installs_the_recipe_packages(rendered):
 @needs_shellcheck
 def test_provisioning_scripts_pass_shellcheck():
     scripts = sorted((lab.PACKER_DIR / "scripts").glob("provision-*.sh"))
-    assert {s.stem.removeprefix("provision-") for s in scripts} >= {"common", "alpine", "freebsd", "netbsd",
-                                                                    "openbsd", "debian"}
-    res = proc.run(["shellcheck", "-x", "-S", "warning", *scripts], timeout=60, check=False,
-                   cwd=lab.PACKER_DIR / "scripts")
+    assert {s.stem.removeprefix("provision-") for s in scripts} >= {
+        "common",
+        "alpine",
+        "freebsd",
+        "netbsd",
+        "openbsd",
+        "debian",
+    }
+    res = proc.run(
+        ["shellcheck", "-x", "-S", "warning", *scripts], timeout=60, check=False, cwd=lab.PACKER_DIR / "scripts"
+    )
     assert res.returncode == 0, res.stdout
 
 
@@ -340,8 +464,15 @@ def test_upload_stage_carries_the_os_facts(name, tmp_path):
     images.render_upload(name, tmp_path)
     r = images.recipe(name)
     f = osfacts.facts(r.os)
-    res = proc.run(["sh", "-c", ". ./lab-facts.sh; printf '%s\\n' \"$LAB_PACKAGES\" \"$LAB_NGINX_CONF\" "
-                                "\"$LAB_SERIAL\" \"$LAB_HOSTNAME\""], timeout=10, cwd=tmp_path)
+    res = proc.run(
+        [
+            "sh",
+            "-c",
+            '. ./lab-facts.sh; printf \'%s\\n\' "$LAB_PACKAGES" "$LAB_NGINX_CONF" "$LAB_SERIAL" "$LAB_HOSTNAME"',
+        ],
+        timeout=10,
+        cwd=tmp_path,
+    )
     packages, conf, serial, hostname = res.stdout.splitlines()
     assert sorted(packages.split()) == sorted(f.packages.values())
     assert (conf, serial, hostname) == (f.nginx.conf, f.serial_device, r.hostname)
@@ -354,9 +485,14 @@ def test_upload_stage_carries_the_os_facts(name, tmp_path):
 
 def _fake_tools(bin_dir: Path) -> None:
     bin_dir.mkdir()
-    for tool, line in {"sysbench": "sysbench 1.0.20", "iperf3": "iperf 3.17.1 (cJSON 1.7.15)",
-                       "nginx": 'nginx version: nginx/1.26.2 "quoted" \\back', "git": "git version 2.47.1",
-                       "curl": "curl 8.11.1 (x86_64-alpine-linux-musl)", "ssh": "OpenSSH_9.9p1, OpenSSL 3.3.2"}.items():
+    for tool, line in {
+        "sysbench": "sysbench 1.0.20",
+        "iperf3": "iperf 3.17.1 (cJSON 1.7.15)",
+        "nginx": 'nginx version: nginx/1.26.2 "quoted" \\back',
+        "git": "git version 2.47.1",
+        "curl": "curl 8.11.1 (x86_64-alpine-linux-musl)",
+        "ssh": "OpenSSH_9.9p1, OpenSSL 3.3.2",
+    }.items():
         (bin_dir / tool).write_text(f"#!/bin/sh\nprintf '%s\\n' '{line}'\n")
         (bin_dir / tool).chmod(0o755)
 
@@ -370,11 +506,28 @@ def test_common_report_is_json_with_the_same_bulk_bytes_as_debian(tmp_path):
     (site / "index.html").write_text("x")
     certdir = tmp_path / "cert"
     certdir.mkdir()
-    proc.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=t", "-days", "1",
-              "-keyout", certdir / "lab.key", "-out", certdir / "lab.crt"], timeout=60)
+    proc.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-subj",
+            "/CN=t",
+            "-days",
+            "1",
+            "-keyout",
+            certdir / "lab.key",
+            "-out",
+            certdir / "lab.crt",
+        ],
+        timeout=60,
+    )
     script = f"""
 set -eu
-. {lab.PACKER_DIR / 'scripts/provision-common.sh'}
+. {lab.PACKER_DIR / "scripts/provision-common.sh"}
 LAB_IMAGE=alpine3 LAB_PACKAGES='nginx iperf3' LAB_CERT_DIR={certdir} LAB_SITE_ROOT={site}
 lab_pkgver() {{ echo "1.2-r$1\\""; }}
 lab_keystream 6c61622d62756c6b2d316d0000000000 1 > {site}/bulk/1m.bin
@@ -405,13 +558,25 @@ lab_report 'Alpine Linux 3.21.4'
 # lab images build / ls / render / publish
 
 
-OFFLINE = {"https_proxy": "http://127.0.0.1:9", "http_proxy": "http://127.0.0.1:9", "no_proxy": "",
-           "HTTPS_PROXY": "http://127.0.0.1:9", "HTTP_PROXY": "http://127.0.0.1:9", "NO_PROXY": ""}
+OFFLINE = {
+    "https_proxy": "http://127.0.0.1:9",
+    "http_proxy": "http://127.0.0.1:9",
+    "no_proxy": "",
+    "HTTPS_PROXY": "http://127.0.0.1:9",
+    "HTTP_PROXY": "http://127.0.0.1:9",
+    "NO_PROXY": "",
+}
 
 
 def _lab(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "lab", *args], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, **(env or {})}, cwd=cwd)
+    return subprocess.run(
+        [sys.executable, "-m", "lab", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **(env or {})},
+        cwd=cwd,
+    )
 
 
 @needs_packer
@@ -467,10 +632,20 @@ def test_ls_lists_every_image_built_or_not(tmp_path, monkeypatch):
     for name, row in rows.items():
         assert row["state"] == "not built" and row["age_s"] is None
         assert row["recipe_digest"] == images.recipe_digest(name)
-    (tmp_path / "openbsd7.json").write_text(json.dumps({
-        "name": "openbsd7", "os": "openbsd", "recipe_digest": "0" * 64, "sha256": "s" * 64, "size": 4,
-        "built_at": "2025-01-01T00:00:00+00:00", "tools": {"nginx": "nginx version: nginx/1.26.2"},
-        "paths": {"disk": "openbsd7.qcow2"}}))
+    (tmp_path / "openbsd7.json").write_text(
+        json.dumps(
+            {
+                "name": "openbsd7",
+                "os": "openbsd",
+                "recipe_digest": "0" * 64,
+                "sha256": "s" * 64,
+                "size": 4,
+                "built_at": "2025-01-01T00:00:00+00:00",
+                "tools": {"nginx": "nginx version: nginx/1.26.2"},
+                "paths": {"disk": "openbsd7.qcow2"},
+            }
+        )
+    )
     (tmp_path / "openbsd7.qcow2").write_bytes(b"QFI\xfb")
     row = {r["name"]: r for r in images.status(tmp_path, now=1735776000.0)}["openbsd7"]
     assert row["state"] == "outdated" and row["built_digest"] == "0" * 64
@@ -480,7 +655,7 @@ def test_ls_lists_every_image_built_or_not(tmp_path, monkeypatch):
 def test_cli_ls_json_and_table():
     res = _lab("images", "ls", "--json")
     assert res.returncode == 0, res.stderr
-    rows = json.loads(res.stdout)
+    rows = json.loads(res.stdout)["images"]
     assert [r["name"] for r in rows] == sorted(images.RECIPES)
     res = _lab("images", "ls")
     assert res.returncode == 0
@@ -494,6 +669,7 @@ def test_render_writes_answers_and_stage(tmp_path):
     assert (tmp_path / "out/http/install.sh").is_file()
     assert (tmp_path / "out/stage/lab-facts.sh").is_file() and (tmp_path / "out/stage/lab-site").is_dir()
     assert "-only=proxmox-iso.netbsd10" in res.stdout
+    assert f"packer init {lab.PACKER_DIR / 'plugins.pkr.hcl'}" in res.stdout  # before the build line
     res = _lab("images", "render", "debian12", str(tmp_path / "deb"))
     assert res.returncode == 0 and (tmp_path / "deb/http/preseed.cfg").is_file()
     assert (tmp_path / "deb/stage/nginx.conf").is_file()
@@ -505,9 +681,17 @@ def _fake_built(idir: Path, name: str = "alpine3") -> None:
     disk.write_bytes(b"QFI\xfb" + os.urandom(4096))
     (idir / "lab_key").write_text("private")
     (idir / "lab_key.pub").write_text(PUBKEY + "\n")
-    (idir / f"{name}.json").write_text(json.dumps({
-        "name": name, "os": "alpine", "recipe_digest": "d" * 64, "sha256": images.file_sha256(disk),
-        "paths": {"disk": f"{name}.qcow2", "ssh_key": "lab_key", "ssh_pubkey": "lab_key.pub"}}))
+    (idir / f"{name}.json").write_text(
+        json.dumps(
+            {
+                "name": name,
+                "os": "alpine",
+                "recipe_digest": "d" * 64,
+                "sha256": images.file_sha256(disk),
+                "paths": {"disk": f"{name}.qcow2", "ssh_key": "lab_key", "ssh_pubkey": "lab_key.pub"},
+            }
+        )
+    )
 
 
 def test_publish_local_copies_verifies_and_is_idempotent(tmp_path):
@@ -549,12 +733,18 @@ def test_publish_cli_dispatches_to_the_backend(tmp_path):
 
 
 def test_a_backend_without_publish_image_is_one_line_exit_2(tmp_path, monkeypatch, capsys):
-    from lab import cli, runner
+    from lab import cli, config
+    from lab.backends import Backend
 
-    class Plain:  # a backend that cannot publish
+    class Plain(Backend):  # a backend that cannot publish: Backend.publish_image says so
         name = "plain"
+        capabilities = check = facts = open_run = close_run = run_is_live = None  # type: ignore
+        clone = start = wait_ready = destroy = list_owned = remove_owned = None  # type: ignore
 
-    monkeypatch.setattr(runner, "build_backends", lambda cfg, hosts: {h: Plain() for h in hosts})
+    Plain.__abstractmethods__ = frozenset()
+    monkeypatch.setattr(
+        config.LabConfig, "open_backends", lambda self, hosts=None: {h: Plain(h, self.hosts[h]) for h in hosts}
+    )
     monkeypatch.setattr(images, "load", lambda name: images.ImageRef(name, "debian", Path("/x"), "d", "s" * 64))
     cfg = tmp_path / "lab.toml"
     cfg.write_text('[lab]\nname = "p"\n')
@@ -562,7 +752,7 @@ def test_a_backend_without_publish_image_is_one_line_exit_2(tmp_path, monkeypatc
         cli.main(["images", "publish", "debian12", "local", "-c", str(cfg)])
     assert exc.value.code == 2
     lines = capsys.readouterr().err.strip().splitlines()
-    assert len(lines) == 1 and "host 'local' (backend plain) cannot publish images" in lines[0]
+    assert len(lines) == 1 and "host 'local' (plain backend) cannot publish images" in lines[0]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -584,6 +774,28 @@ def test_osfacts_cover_every_image_os_and_nic_names():
     assert "podman" in osfacts.facts("alpine").packages and "podman" not in osfacts.facts("openbsd").packages
 
 
+def test_osfacts_driver_tables_are_complete_and_say_what_each_os_lacks():
+    """Every image's OS has an entry for every NIC model and disk bus it can drive, and only those
+    (the sources are cited in lab/osfacts.py); a device name goes with every NIC driver."""
+    for r in images.RECIPES.values():
+        f = osfacts.facts(r.os)
+        assert set(f.nic_device) == set(f.nic_driver), r.os
+        assert set(f.disk_driver) == set(DiskBus), r.os  # every image OS drives every bus the lab offers
+        assert all(f.has_driver(m) == (m in f.nic_driver) for m in NicModel)
+        assert all(f.has_driver(b) for b in DiskBus)
+    # QEMU's rtl8139 is a C+ chip: 8139cp on Linux, re(4) on the BSDs; Alpine's virt kernel has no Realtek
+    assert osfacts.facts("debian").nic_driver[NicModel.RTL8139] == "8139cp"
+    for bsd in ("freebsd", "netbsd", "openbsd"):
+        f = osfacts.facts(bsd)
+        assert (f.device(NicModel.RTL8139), f.device(NicModel.VMXNET3)) == ("re0", "vmx0")
+        assert set(f.nic_driver) == set(NicModel)
+    alpine = osfacts.facts("alpine")
+    assert set(alpine.nic_driver) == set(NicModel) - {NicModel.RTL8139} and not alpine.has_driver(NicModel.RTL8139)
+    with pytest.raises(UsageError, match="alpine has no driver for NIC model 'rtl8139'"):
+        alpine.device(NicModel.RTL8139)
+    assert set(osfacts.facts("debian").nic_driver) == set(NicModel)
+
+
 def test_config_knows_exactly_the_recipes():
     from lab import config
 
@@ -593,8 +805,15 @@ def test_config_knows_exactly_the_recipes():
 def test_no_per_os_paths_outside_osfacts():
     """Package names, nginx paths and serial devices of the BSDs and Alpine live in lab/osfacts.py:
     the guest scripts and the rest of the package read them from there."""
-    needles = ["/usr/local/etc/nginx", "/usr/pkg/etc/nginx", "podman-suite", "git-lite", "git-base",
-               "/dev/ttyu0", "/dev/tty00"]
+    needles = [
+        "/usr/local/etc/nginx",
+        "/usr/pkg/etc/nginx",
+        "podman-suite",
+        "git-lite",
+        "git-base",
+        "/dev/ttyu0",
+        "/dev/tty00",
+    ]
     offenders = []
     for path in [*lab.PROJECT_ROOT.joinpath("lab").rglob("*.py"), *lab.PACKER_DIR.joinpath("scripts").glob("*.sh")]:
         if path.name == "osfacts.py":
@@ -635,7 +854,13 @@ def test_an_unbuilt_iso_image_says_how_to_build_it(tmp_path):
 def test_local_backend_refuses_a_disk_boot_image_with_one_line():
     from lab.backends.local import boot_files
 
-    ref = images.ImageRef("freebsd14", "freebsd", Path("/nonexistent/freebsd14.qcow2"), "d", "s",
-                          manifest={"boot": "disk", "paths": {"disk": "freebsd14.qcow2"}})
+    ref = images.ImageRef(
+        "freebsd14",
+        "freebsd",
+        Path("/nonexistent/freebsd14.qcow2"),
+        "d",
+        "s",
+        manifest={"boot": "disk", "paths": {"disk": "freebsd14.qcow2"}},
+    )
     with pytest.raises(UsageError, match="cannot boot by direct kernel boot"):
         boot_files(ref)

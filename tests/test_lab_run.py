@@ -12,12 +12,11 @@ import statistics
 import subprocess
 
 import pytest
+from conftest import LAB, leftovers, run_lab_cli, write_lab
 
 from lab.backends import local
 from lab.store import Store
 from lab.wait import wait_until
-
-from conftest import LAB, leftovers, run_lab_cli, write_lab
 
 pytestmark = [pytest.mark.vm, pytest.mark.image]
 
@@ -111,8 +110,9 @@ time = 3
 threads = [1]
 """
     cfg = write_lab(tmp_path, workdir, matrix='nic = ["virtio", "e1000"]\n', suite=suite)
-    p = subprocess.Popen([*LAB, "run", "-c", str(cfg)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         start_new_session=True)
+    p = subprocess.Popen(
+        [*LAB, "run", "-c", str(cfg)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
     store_path = tmp_path / "results"
 
     def first_sample():
@@ -126,7 +126,7 @@ threads = [1]
 
     try:
         wait_until(first_sample, timeout=600, what="the first sample of cell c01", interval=0.5)
-        (pid, name), = [(pid, n) for pid, n in local.qemu_processes(workdir) if n.endswith("-c01")]
+        ((pid, name),) = [(pid, n) for pid, n in local.qemu_processes(workdir) if n.endswith("-c01")]
         os.kill(pid, signal.SIGKILL)  # the guest dies mid-workload
         out, err = p.communicate(timeout=900)
     finally:

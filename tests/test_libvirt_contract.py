@@ -14,19 +14,24 @@ import json
 import secrets
 import shlex
 import time
+from dataclasses import replace
 from pathlib import Path
+from xml.etree import ElementTree as ET
 
 import pytest
 
 from lab import proc
-from lab.backends import BACKENDS, Backend
-from lab.errors import BackendError, CommandError, TeardownError, UnreachableError, UsageError
+from lab.backends import Backend, backend_class, default_env
+from lab.config import parse
+from lab.errors import BackendError, CommandError, ConfigError, TeardownError, UnreachableError, UsageError
 from lab.model import CloneKind, DiskBus, ImageRef, NicModel, VmSpec
 
 libvirt = pytest.importorskip("libvirt")
 
-from lab.backends.libvirt import (LibvirtBackend, arp_entries, mac_for, parse_arp,  # noqa: E402
-                                  parse_console_address)
+from lab.backends.libvirt import publish  # noqa: E402
+from lab.backends.libvirt.backend import LibvirtBackend  # noqa: E402
+from lab.backends.libvirt.domain import mac_for, read_lease  # noqa: E402
+from lab.backends.libvirt.settings import Settings  # noqa: E402
 
 TEST_URI = "test:///default"
 
@@ -70,20 +75,33 @@ def golden_qcow2(tmp_path) -> ImageRef:
 
 
 def spec_for(image: ImageRef, run_id: str, cell: str = "c1", **kw) -> VmSpec:
-    base = dict(name=f"lab-{run_id}-{cell}", run_id=run_id, cell_id=cell, image=image, nic=NicModel.VIRTIO,
-                vcpus=2, memory_mib=256, disk_bus=DiskBus.VIRTIO, expires_at=time.time() + 600)
+    base = dict(
+        name=f"lab-{run_id}-{cell}",
+        run_id=run_id,
+        cell_id=cell,
+        image=image,
+        nic=NicModel.VIRTIO,
+        vcpus=2,
+        memory_mib=256,
+        disk_bus=DiskBus.VIRTIO,
+        expires_at=time.time() + 600,
+    )
     base.update(kw)
     return VmSpec(**base)
 
 
+def host(name: str, run_command: FakeHost | None = None, env=None, **table) -> LibvirtBackend:
+    """The backend of a `[hosts.NAME]` table, typed as lab.config hands it over."""
+    kw = {"run_command": run_command} if run_command is not None else {}
+    return LibvirtBackend(name, Settings(backend="libvirt", **table), env, **kw)
+
+
 def qemu_backend(tmp_path: Path, **extra) -> LibvirtBackend:
-    return LibvirtBackend("t", {"uri": TEST_URI, "flavour": "qemu", "dir": str(tmp_path / "disks"),
-                                "bridge": "labvbr0", **extra})
+    return host("t", uri=TEST_URI, flavour="qemu", dir=str(tmp_path / "disks"), bridge="labvbr0", **extra)
 
 
 def bhyve_backend(fake: FakeHost, **extra) -> LibvirtBackend:
-    return LibvirtBackend("bsd1", {"uri": TEST_URI, "flavour": "bhyve", "dataset": "zroot/lab",
-                                   "ssh": "-p 2222 root@bsd1", **extra}, runner=fake)
+    return host("bsd1", fake, uri=TEST_URI, flavour="bhyve", dataset="zroot/lab", ssh="-p 2222 root@bsd1", **extra)
 
 
 @pytest.fixture(autouse=True)
@@ -104,8 +122,8 @@ def no_leftovers():
 
 
 def test_registered_and_protocol():
-    assert BACKENDS["libvirt"] is LibvirtBackend
-    b = LibvirtBackend("h", {"uri": TEST_URI})
+    assert backend_class("libvirt") is LibvirtBackend
+    b = host("h", uri=TEST_URI)
     assert isinstance(b, Backend)
     assert b.name == "libvirt"
 
@@ -113,7 +131,7 @@ def test_registered_and_protocol():
 def test_qemu_flavour_lifecycle(tmp_path, golden_qcow2, run_id):
     b = qemu_backend(tmp_path)
     b.check()
-    assert b.lib_version >= 9_000_000
+    assert b.connection.lib_version >= 9_000_000
     spec = spec_for(golden_qcow2, run_id, ip="10.78.9.10")
     vm = b.clone(golden_qcow2, spec)
 
@@ -122,9 +140,9 @@ def test_qemu_flavour_lifecycle(tmp_path, golden_qcow2, run_id):
     info = json.loads(proc.run(["qemu-img", "info", "--output=json", str(overlay)], timeout=30).stdout)
     assert info["format"] == "qcow2" and info["backing-filename"] == str(golden_qcow2.path)
 
-    dom = b.conn.lookupByName(spec.name)
+    dom = b.connection.get().lookupByName(spec.name)
     assert not dom.isActive()
-    lease = b.read_lease(dom)
+    lease = read_lease(dom)
     assert lease["run"] == run_id and lease["cell"] == "c1" and lease["disk"] == f"file:{overlay}"
     assert int(lease["expires"]) == int(spec.expires_at)
     owned = [o for o in b.list_owned() if o.run_id == run_id]
@@ -136,15 +154,15 @@ def test_qemu_flavour_lifecycle(tmp_path, golden_qcow2, run_id):
 
     b.start(vm)
     assert dom.isActive()
-    assert b.address(vm) == "10.78.9.10" and vm.facts["address_source"] == "static"
+    assert b.addresses.find(vm) == "10.78.9.10" and vm.facts["address_source"] == "static"
 
     b.destroy(vm)
     assert vm.facts["undefine"] == "plain"  # test driver: "unsupported flags (0x4)" -> plain undefine
-    assert b._lookup(spec.name) is None
+    assert b.connection.lookup(spec.name) is None
     assert not overlay.exists()
     assert not [o for o in b.list_owned() if o.run_id == run_id]
     b.destroy(vm)  # idempotent
-    b.close()
+    b.connection.close()
 
 
 def test_address_from_libvirt_lease_matches_the_mac(tmp_path, golden_qcow2, run_id):
@@ -153,10 +171,10 @@ def test_address_from_libvirt_lease_matches_the_mac(tmp_path, golden_qcow2, run_
     try:
         b.start(vm)
         # test driver fakes interfaceAddresses(LEASE) with 192.168.0.x for the domain's MAC
-        addr = b.address(vm)
+        addr = b.addresses.find(vm)
         assert addr.startswith("192.168.") and vm.facts["address_source"] == "lease"
         vm.handle["mac"] = "52:54:00:ff:ff:ff"  # a MAC the domain does not have: no lease matches
-        assert b._addr_lease(vm) == ""
+        assert b.addresses.lease(vm) == ""
     finally:
         b.destroy(vm)
 
@@ -164,8 +182,10 @@ def test_address_from_libvirt_lease_matches_the_mac(tmp_path, golden_qcow2, run_
 def test_bhyve_flavour_lifecycle_commands(run_id):
     img = ImageRef(name="fbsd14", os="freebsd", path=Path("/nonexistent"), digest="d0")
     mac = mac_for(f"lab-{run_id}-c1")
-    fake = FakeHost(arp=f"? (192.168.8.23) at {mac} on bridge0 expires in 1180 seconds [bridge]\n"
-                        "? (192.168.8.1) at 58:9c:fc:00:00:01 on bridge0 permanent [bridge]\n")
+    fake = FakeHost(
+        arp=f"? (192.168.8.23) at {mac} on bridge0 expires in 1180 seconds [bridge]\n"
+        "? (192.168.8.1) at 58:9c:fc:00:00:01 on bridge0 permanent [bridge]\n"
+    )
     b = bhyve_backend(fake)
     b.check()  # test URI: no host commands
     assert fake.calls == []
@@ -175,60 +195,75 @@ def test_bhyve_flavour_lifecycle_commands(run_id):
     assert fake.calls[0][0] == "ssh" and fake.calls[0][-4:-1] == ["-p", "2222", "root@bsd1"]
     assert "BatchMode=yes" in fake.calls[0]
     assert shlex.split(fake.remote_commands()[0]) == [
-        "zfs", "clone", "-o", "volmode=dev", "-o", f"lab:run={run_id}", "-o", "lab:expires=1900000000",
-        "zroot/lab/fbsd14@gold", ds]
-    xml = b.conn.lookupByName(spec.name).XMLDesc(0)
+        "zfs",
+        "clone",
+        "-o",
+        "volmode=dev",
+        "-o",
+        f"lab:run={run_id}",
+        "-o",
+        "lab:expires=1900000000",
+        "zroot/lab/fbsd14@gold",
+        ds,
+    ]
+    xml = b.connection.get().lookupByName(spec.name).XMLDesc(0)
     assert xml.startswith("<domain type='bhyve'")
     assert f"/dev/zvol/{ds}" in xml and "<model type='e1000'/>" in xml
 
     b.start(vm)
     # bhyve < 12.3 (the test driver reports 9.0) has no interfaceAddresses: host ARP table by MAC
-    assert b.address(vm) == "192.168.8.23" and vm.facts["address_source"] == "host-arp"
+    assert b.addresses.find(vm) == "192.168.8.23" and vm.facts["address_source"] == "host-arp"
     assert "arp -an" in fake.remote_commands()
 
     b.destroy(vm)
     assert vm.facts["undefine"] == "plain"
     assert fake.remote_commands()[-1] == f"zfs destroy {ds}"
-    assert b._lookup(spec.name) is None
+    assert b.connection.lookup(spec.name) is None
 
 
 def test_bhyve_full_clone_is_send_recv(run_id):
     img = ImageRef(name="fbsd14", os="freebsd", path=Path("/nonexistent"), digest="d0")
     b = bhyve_backend(FakeHost(), golden="{dataset}/golden/{image}@{digest}")
-    argv = b.clone_argv(img, spec_for(img, run_id, clone=CloneKind.FULL, expires_at=5))
+    argv = b.disks.clone_argv(img, spec_for(img, run_id, clone=CloneKind.FULL, expires_at=5))
     assert len(argv) == 1 and argv[0][0] == "ssh"
-    assert argv[0][-1] == (f"zfs send zroot/lab/golden/fbsd14@d0 | zfs recv -o volmode=dev -o lab:run={run_id} "
-                           f"-o lab:expires=5 zroot/lab/lab-{run_id}-c1")
+    assert argv[0][-1] == (
+        f"zfs send zroot/lab/golden/fbsd14@d0 | zfs recv -o volmode=dev -o lab:run={run_id} "
+        f"-o lab:expires=5 zroot/lab/lab-{run_id}-c1"
+    )
 
 
 def test_ssh_target_from_uri():
-    b = LibvirtBackend("b", {"uri": "bhyve+ssh://root@bsd1:2200/system?keyfile=/k/id&no_tty=1",
-                             "dataset": "tank/lab"})
-    assert b.host_argv(["zfs", "list"])[-6:] == ["-p", "2200", "-i", "/k/id", "root@bsd1", "zfs list"]
-    assert b._safe_uri() == "bhyve+ssh://root@bsd1:2200/system"  # facts never carry the query
-    assert LibvirtBackend("q", {"uri": "qemu:///system"}).host_argv(["ip", "neigh"]) == ["ip", "neigh"]
+    b = host("b", uri="bhyve+ssh://root@bsd1:2200/system?keyfile=/k/id&no_tty=1", dataset="tank/lab")
+    assert b.shell.argv(["zfs", "list"])[-6:] == ["-p", "2200", "-i", "/k/id", "root@bsd1", "zfs list"]
+    assert b.connection.safe_uri == "bhyve+ssh://root@bsd1:2200/system"  # facts never carry the query
+    assert b.facts()["libvirt_uri"] == "bhyve+ssh://root@bsd1:2200/system"
+    assert host("q", uri="qemu:///system").shell.argv(["ip", "neigh"]) == ["ip", "neigh"]
 
 
 def test_remove_disk_refuses_foreign_targets():
     b = bhyve_backend(FakeHost())
-    for ref in ("zfs:zroot/lab", "zfs:zroot/other/lab-x", "zfs:zroot/lab/lab-x@gold", "zfs:zroot/lab/a/b",
-                "file:/etc/passwd", "nfs:x"):
+    for ref in (
+        "zfs:zroot/lab",
+        "zfs:zroot/other/lab-x",
+        "zfs:zroot/lab/lab-x@gold",
+        "zfs:zroot/lab/a/b",
+        "file:/etc/passwd",
+        "nfs:x",
+    ):
         with pytest.raises(TeardownError):
-            b.remove_disk_argv(ref)
-    q = LibvirtBackend("q", {"uri": "qemu:///system", "dir": "/var/lib/lab"})
+            b.disks.remove_argv(ref)
+    q = host("q", uri="qemu:///system", dir="/var/lib/lab")
     with pytest.raises(TeardownError):
-        q.remove_disk_argv("file:/var/lib/lab/../x.qcow2")
-    assert q.remove_disk_argv("file:/var/lib/lab/lab-1.qcow2") == ["rm", "-f", "--", "/var/lib/lab/lab-1.qcow2"]
+        q.disks.remove_argv("file:/var/lib/lab/../x.qcow2")
+    assert q.disks.remove_argv("file:/var/lib/lab/lab-1.qcow2") == ["rm", "-f", "--", "/var/lib/lab/lab-1.qcow2"]
 
 
-def test_define_failure_removes_the_disk(tmp_path, golden_qcow2, run_id, monkeypatch):
-    b = qemu_backend(tmp_path)
-    render = b.render
-    monkeypatch.setattr(b, "render", lambda ctx: render(ctx).replace("<vcpu", "<bogus/><vcpu", 1))
+def test_define_failure_removes_the_disk(tmp_path, golden_qcow2, run_id):
+    b = qemu_backend(tmp_path, cpu_mode="bogus")  # libvirt's schema check refuses <cpu mode='bogus'>
     spec = spec_for(golden_qcow2, run_id)
     with pytest.raises(BackendError, match="libvirt refused the domain"):
         b.clone(golden_qcow2, spec)
-    assert b._lookup(spec.name) is None
+    assert b.connection.lookup(spec.name) is None
     assert list((tmp_path / "disks").glob("*.qcow2")) == []
 
 
@@ -251,17 +286,24 @@ def test_gc_finds_and_removes_by_metadata(tmp_path, golden_qcow2, run_id):
 
 
 def test_orphan_disk_is_listed_for_gc(tmp_path, golden_qcow2, run_id):
-    b = LibvirtBackend("q", {"uri": "qemu:///system", "dir": str(tmp_path)})
-    orphan = tmp_path / f"lab-{run_id}-c9.qcow2"
-    orphan.write_bytes(b"")
-    assert b._orphan_disks(min_age=0)[0].detail == f"file:{orphan}"
-    assert b._orphan_disks() == []  # too young: may be a clone in progress
+    """A clone whose domain is gone (a crash between clone and define) is found by its lease file."""
+    b = qemu_backend(tmp_path)
+    spec = spec_for(golden_qcow2, run_id, "c9")
+    vm = b.clone(golden_qcow2, spec)
+    lease = json.loads((tmp_path / "disks" / f"{spec.name}.lease").read_text())
+    assert lease["lab"] == "https://lab.invalid/lease" and lease["run"] == run_id and lease["disk"] == vm.handle["disk"]
+    b.connection.get().lookupByName(spec.name).undefine()  # the domain is gone, its disk is not
+    (orphan,) = [o for o in b.list_owned() if o.run_id == run_id]
+    assert (orphan.kind, orphan.name, orphan.detail) == ("disk", spec.name, vm.handle["disk"])
+    assert orphan.expires_at == int(spec.expires_at)
+    b.remove_owned(orphan)
+    assert list((tmp_path / "disks").iterdir()) == []
 
 
 def test_undefine_falls_back_when_nvram_flag_is_refused(tmp_path, golden_qcow2, run_id):
     b = qemu_backend(tmp_path)
     vm = b.clone(golden_qcow2, spec_for(golden_qcow2, run_id))
-    dom = b.conn.lookupByName(vm.name)
+    dom = b.connection.get().lookupByName(vm.name)
     with pytest.raises(libvirt.libvirtError) as exc:
         dom.undefineFlags(libvirt.VIR_DOMAIN_UNDEFINE_NVRAM)
     assert exc.value.get_error_code() == libvirt.VIR_ERR_INVALID_ARG
@@ -270,7 +312,7 @@ def test_undefine_falls_back_when_nvram_flag_is_refused(tmp_path, golden_qcow2, 
 
 
 def test_unreachable_uri_is_a_usage_error():
-    b = LibvirtBackend("x", {"uri": "test:///nonexistent/node.xml"})
+    b = host("x", uri="test:///nonexistent/node.xml")
     with pytest.raises(UnreachableError, match="cannot connect to libvirt"):
         b.check()
 
@@ -281,52 +323,7 @@ def test_validate_spec_runs_before_anything_is_created(run_id):
     img = ImageRef(name="fbsd14", os="freebsd", path=Path("/nonexistent"), digest="d0")
     with pytest.raises(UsageError, match="'rtl8139'"):
         b.clone(img, spec_for(img, run_id, nic=NicModel.RTL8139))
-    assert fake.calls == [] and b._lookup(f"lab-{run_id}-c1") is None
-
-
-DATA = Path(__file__).parent / "data" / "libvirt"
-
-
-def test_arp_on_freebsd_captures():
-    """`arp -an` as FreeBSD prints it (tests/data/README.md names the sources)."""
-    vtnet = (DATA / "published-freebsd-arp-an-vtnet0.txt").read_text()
-    assert parse_arp(vtnet, "fa:16:3e:7f:19:ef") == "140.211.10.66"
-    assert parse_arp(vtnet, "FA:16:3E:BA:3E:25") == "140.211.10.91"  # permanent entries count
-    assert parse_arp(vtnet, "52:54:00:00:00:01") == ""
-    bridge = (DATA / "published-pfsense-arp-an-bridge0.txt").read_text()
-    assert parse_arp(bridge, "f8:e4:3b:34:ba:0b") == "10.10.197.13"  # a bhyve host's bridge: [bridge]
-    assert ("10.10.197.13", "f8:e4:3b:34:ba:0b", "bridge0") in arp_entries(bridge)
-    assert all(ip != "5.2.251.1" for ip, _, _ in arp_entries(bridge))  # (incomplete) ... expired
-    pending = (DATA / "published-pfsense-2.8-arp-an-incomplete.txt").read_text()
-    assert [ip for ip, _, _ in arp_entries(pending)] == ["192.0.2.1", "192.0.2.30", "192.0.2.31"]
-    # octets without their leading zero (how some BSD builds print them) still match
-    assert parse_arp("? (10.0.0.9) at 52:54:0:a:b:c on bridge0 expires in 9 seconds [bridge]",
-                     "52:54:00:0a:0b:0c") == "10.0.0.9"
-
-
-def test_arp_on_linux_capture():
-    """`ip -4 neigh show` captured on this machine beside a running lab guest."""
-    text = (DATA / "linux-ip-neigh.txt").read_text()
-    entries = arp_entries(text)
-    assert entries and all(len(mac) == 17 for _, mac, _ in entries)
-    ip, mac, dev = next(e for e in entries if e[2].startswith("labvbr"))
-    assert parse_arp(text, mac.upper()) == ip
-    assert parse_arp("10.78.1.11 dev labvbr0 lladdr 52:54:00:aa:bb:cc FAILED\n"
-                     "10.78.1.12 dev labvbr0 INCOMPLETE\n", "52:54:00:aa:bb:cc") == ""
-
-
-def test_console_address_on_real_consoles():
-    debian = (DATA / "linux-debian12-console.log").read_text(errors="replace")
-    assert "LAB-READY" in debian
-    assert parse_console_address(debian) == "10.78.130.10"
-    assert parse_console_address(debian.split("lab-net")[0]) == ""  # LAB-READY alone names no address
-    # the same guest through libvirt's console stream (the pty, raw: CR CR LF line ends)
-    stream = (DATA / "linux-debian12-console-stream.log").read_bytes().decode()  # keep the CRs
-    assert "\r\r\nLAB-READY" in stream and parse_console_address(stream) == "10.78.130.10"
-    freebsd = (DATA / "published-freebsd-console-dhclient.log").read_text()
-    assert parse_console_address(freebsd) == "10.0.2.15"  # dhclient's "bound to" line
-    assert parse_console_address(freebsd.split("Starting dhclient.")[0]) == ""  # before DHCP: nothing
-    assert parse_console_address("nothing") == ""
+    assert fake.calls == [] and b.connection.lookup(f"lab-{run_id}-c1") is None
 
 
 def test_subnet_allocates_distinct_static_addresses(tmp_path, golden_qcow2, run_id):
@@ -336,13 +333,13 @@ def test_subnet_allocates_distinct_static_addresses(tmp_path, golden_qcow2, run_
         for cell in ("c1", "c2"):
             vms.append(b.clone(golden_qcow2, spec_for(golden_qcow2, run_id, cell)))
         assert [v.spec.ip for v in vms] == ["10.78.7.10", "10.78.7.11"]
-        assert b.read_lease(b.conn.lookupByName(vms[1].name))["ip"] == "10.78.7.11"
-        assert b.address(vms[0]) == "10.78.7.10" and vms[0].facts["address_source"] == "static"
+        assert read_lease(b.connection.get().lookupByName(vms[1].name))["ip"] == "10.78.7.11"
+        assert b.addresses.find(vms[0]) == "10.78.7.10" and vms[0].facts["address_source"] == "static"
     finally:
         for v in vms:
             b.destroy(v)
-    with pytest.raises(UsageError, match="subnet"):
-        qemu_backend(tmp_path, subnet="10.78.300.0/24")
+    with pytest.raises(ConfigError, match=r"hosts.t.subnet = '10.78.300.0/24': .*not a network"):
+        parse({"hosts": {"t": {"backend": "libvirt", "uri": TEST_URI, "subnet": "10.78.300.0/24"}}})
 
 
 def test_bhyve_preflight_refusal_removes_the_zvol(run_id, monkeypatch):
@@ -352,12 +349,13 @@ def test_bhyve_preflight_refusal_removes_the_zvol(run_id, monkeypatch):
 
     def refuse(xml):
         raise BackendError("the bhyve driver on 'bsd1' rejects the domain: unsupported disk type")
+
     monkeypatch.setattr(b, "_preflight_bhyve", refuse)
     spec = spec_for(img, run_id)
     with pytest.raises(BackendError, match="unsupported disk type"):
         b.clone(img, spec)
     assert [shlex.split(c)[:2] for c in fake.remote_commands()] == [["zfs", "clone"], ["zfs", "destroy"]]
-    assert b._lookup(spec.name) is None
+    assert b.connection.lookup(spec.name) is None
 
 
 def test_wait_ready_fails_fast_when_the_domain_is_not_running(tmp_path, golden_qcow2, run_id):
@@ -380,23 +378,37 @@ FBSD = ImageRef(name="fbsd14", os="freebsd", path=Path("/nonexistent/fbsd14.raw"
 
 def bsd(fake: FakeHost, **extra) -> LibvirtBackend:
     """A bhyve host reached over ssh; publishing needs no libvirt connection, only host commands."""
-    return LibvirtBackend("bsd1", {"uri": "bhyve+ssh://root@bsd1/system", "dataset": "zroot/lab", **extra},
-                          runner=fake)
+    return host("bsd1", fake, uri="bhyve+ssh://root@bsd1/system", dataset="zroot/lab", **extra)
 
 
 def test_bhyve_publish_plan_is_zvol_dd_snapshot():
     b = bsd(FakeHost())
-    steps = b.publish_plan(FBSD, "/var/tmp/x/fbsd14.raw", 3 * (1 << 30) + 1)
+    steps = publish.zvol_plan(b.disks, FBSD, "/var/tmp/x/fbsd14.raw", 3 * (1 << 30) + 1)
     assert [s[0][:3] for s in steps] == [["ssh"] + s[0][1:3] for s in steps]  # all over ssh
     assert [shlex.split(s[0][-1]) for s in steps] == [
-        ["zfs", "create", "-s", "-V", "3073M", "-o", "volmode=dev", "-o", "lab:image=fbsd14",
-         "-o", "lab:digest=abc123", "zroot/lab/fbsd14"],
+        [
+            "zfs",
+            "create",
+            "-s",
+            "-V",
+            "3073M",
+            "-o",
+            "volmode=dev",
+            "-o",
+            "lab:image=fbsd14",
+            "-o",
+            "lab:digest=abc123",
+            "zroot/lab/fbsd14",
+        ],
         ["dd", "of=/dev/zvol/zroot/lab/fbsd14", "bs=1048576", "conv=sparse"],
-        ["zfs", "snapshot", "-o", "lab:digest=abc123", "zroot/lab/fbsd14@gold"]]
+        ["zfs", "snapshot", "-o", "lab:digest=abc123", "zroot/lab/fbsd14@gold"],
+    ]
     assert [s[1] for s in steps] == [None, "/var/tmp/x/fbsd14.raw", None]  # dd reads the raw image
     # a golden per recipe when the format names the digest
     b2 = bsd(FakeHost(), golden="{dataset}/golden/{image}-{digest}@gold")
-    assert shlex.split(b2.publish_plan(FBSD, "r", 1 << 20)[0][0][-1])[-1] == "zroot/lab/golden/fbsd14-abc123"
+    assert (
+        shlex.split(publish.zvol_plan(b2.disks, FBSD, "r", 1 << 20)[0][0][-1])[-1] == "zroot/lab/golden/fbsd14-abc123"
+    )
 
 
 def test_bhyve_publish_runs_the_plan_and_is_idempotent(tmp_path):
@@ -437,14 +449,14 @@ def test_bhyve_check_image_before_anything_is_created():
     missing = FakeHost(answers={"zfs list -H -t snapshot": (1, "")})
     b = bsd(missing)
     with pytest.raises(UsageError, match=r"zroot/lab/fbsd14@gold .* not on host 'bsd1'") as exc:
-        b.check_image(FBSD)
+        b.check_images([FBSD])
     assert "lab images publish fbsd14 bsd1" in exc.value.hint
     stale = FakeHost(answers={"zfs list -H -t snapshot": (0, "zroot/lab/fbsd14@gold\tzzz\n")})
     with pytest.raises(UsageError, match="recipe zzz"):
-        bsd(stale).check_image(FBSD)
+        bsd(stale).check_images([FBSD])
     for state in ("abc123", "-"):  # this recipe, or a snapshot made by hand (no lab:digest)
         ok = FakeHost(answers={"zfs list -H -t snapshot": (0, f"zroot/lab/fbsd14@gold\t{state}\n")})
-        bsd(ok).check_image(FBSD)
+        bsd(ok).check_images([FBSD])
 
 
 @pytest.fixture
@@ -454,47 +466,59 @@ def built_image(tmp_path) -> ImageRef:
     (img_dir / "debian12").mkdir(parents=True)
     for f in ("debian12.qcow2", "debian12/vmlinuz", "debian12/initrd.img"):
         (img_dir / f).write_bytes(b"x")
-    manifest = {"name": "debian12", "recipe_digest": "d1", "boot": ["kernel", "bios", "uefi"],
-                "paths": {"disk": "debian12.qcow2", "kernel": "debian12/vmlinuz", "initrd": "debian12/initrd.img"}}
+    manifest = {
+        "name": "debian12",
+        "recipe_digest": "d1",
+        "boot": ["kernel", "bios", "uefi"],
+        "paths": {"disk": "debian12.qcow2", "kernel": "debian12/vmlinuz", "initrd": "debian12/initrd.img"},
+    }
     return ImageRef(name="debian12", os="debian", path=img_dir / "debian12.qcow2", digest="d1", manifest=manifest)
 
 
 def test_qemu_golden_root_follows_the_published_manifest(tmp_path, built_image):
     img, manifest = built_image, built_image.manifest
     disks = tmp_path / "disks"
-    b = LibvirtBackend("q", {"uri": "qemu:///system", "dir": str(disks)})
-    assert b.golden_root(img) is None and b.golden_source(img) == str(img.path)  # local host: in place
+    b = host("q", uri="qemu:///system", dir=str(disks))
+    assert b.disks.golden_root(img) is None and b.disks.golden_source(img) == str(img.path)  # local host: in place
 
-    b = LibvirtBackend("q", {"uri": "qemu:///system", "dir": str(disks)})
+    b = host("q", uri="qemu:///system", dir=str(disks))
     assert b.publish_image(img) == f"file:{disks}/debian12.qcow2"
     assert json.loads((disks / "debian12.json").read_text())["recipe_digest"] == "d1"
     assert (disks / "debian12" / "vmlinuz").read_bytes() == b"x"
-    assert b.golden_source(img) == f"{disks}/debian12.qcow2"
-    ctx = b.domain_context(spec_for(img, "r1"))
-    assert ctx["kernel"] == f"{disks}/debian12/vmlinuz" and ctx["initrd"] == f"{disks}/debian12/initrd.img"
+    assert b.disks.golden_source(img) == f"{disks}/debian12.qcow2"
+    os_el = ET.fromstring(b.domain_xml(spec_for(img, "r1"))).find("os")
+    assert os_el.findtext("kernel") == f"{disks}/debian12/vmlinuz"
+    assert os_el.findtext("initrd") == f"{disks}/debian12/initrd.img"
 
-    newer = ImageRef(name="debian12", os="debian", path=img.path, digest="d2", manifest={**manifest, "recipe_digest": "d2"})
+    newer = ImageRef(
+        name="debian12", os="debian", path=img.path, digest="d2", manifest={**manifest, "recipe_digest": "d2"}
+    )
     with pytest.raises(UsageError, match="recipe d1, this lab's is d2") as exc:
-        LibvirtBackend("q", {"uri": "qemu:///system", "dir": str(disks)}).check_image(newer)
+        host("q", uri="qemu:///system", dir=str(disks)).check_images([newer])
     assert exc.value.hint == "lab images publish debian12 q"
     # a remote host has no "in place": the image must be published there
-    r = LibvirtBackend("r", {"uri": "qemu+ssh://root@kvm1/system", "dir": "/srv/lab"},
-                       runner=FakeHost(answers={"cat /srv/lab/debian12.json": (1, "")}))
+    r = host(
+        "r",
+        FakeHost(answers={"cat /srv/lab/debian12.json": (1, "")}),
+        uri="qemu+ssh://root@kvm1/system",
+        dir="/srv/lab",
+    )
     with pytest.raises(UsageError, match="not on host 'r'"):
-        r.check_image(img)
+        r.check_images([img])
 
 
 def test_qemu_publish_to_a_remote_host_streams_over_ssh(built_image):
     img, img_dir = built_image, built_image.path.parent
     fake = FakeHost(answers={"cat /srv/lab/debian12.json": (1, "")})
-    b = LibvirtBackend("r", {"uri": "qemu+ssh://root@kvm1/system", "images_dir": "/srv/lab"}, runner=fake)
+    b = host("r", fake, uri="qemu+ssh://root@kvm1/system", images_dir="/srv/lab")
     assert b.publish_image(img) == "file:/srv/lab/debian12.qcow2"
     cmds = fake.remote_commands()
     assert cmds[1] == "mkdir -p /srv/lab /srv/lab/debian12"
-    assert fake.stdin == {"dd of=/srv/lab/debian12.qcow2.part bs=1048576 conv=sparse": str(img.path),
-                          "dd of=/srv/lab/debian12/vmlinuz.part bs=1048576 conv=sparse": str(img_dir / "debian12/vmlinuz"),
-                          "dd of=/srv/lab/debian12/initrd.img.part bs=1048576 conv=sparse":
-                              str(img_dir / "debian12/initrd.img")}
+    assert fake.stdin == {
+        "dd of=/srv/lab/debian12.qcow2.part bs=1048576 conv=sparse": str(img.path),
+        "dd of=/srv/lab/debian12/vmlinuz.part bs=1048576 conv=sparse": str(img_dir / "debian12/vmlinuz"),
+        "dd of=/srv/lab/debian12/initrd.img.part bs=1048576 conv=sparse": str(img_dir / "debian12/initrd.img"),
+    }
     assert "mv -f /srv/lab/debian12.qcow2.part /srv/lab/debian12.qcow2" in cmds
     assert cmds[-1] == "cat > /srv/lab/debian12.json"  # the manifest last: its presence = complete
 
@@ -502,13 +526,11 @@ def test_qemu_publish_to_a_remote_host_streams_over_ssh(built_image):
 # --------------------------------------------------------------------------------------------
 # run liveness for `lab gc`: a run lock on the orchestrating machine
 
-def test_run_lock_tells_live_dead_and_unknown_runs(tmp_path, monkeypatch, run_id):
-    from lab import gc as gc_mod
-    from lab.backends import libvirt as lv
-    from lab.config import parse
 
-    monkeypatch.setattr(lv, "RUN_LOCK_DIR", tmp_path)
-    b = qemu_backend(tmp_path)
+def test_run_lock_tells_live_dead_and_unknown_runs(tmp_path, run_id):
+    from lab import gc as gc_mod
+
+    b = qemu_backend(tmp_path, env=replace(default_env(), state_dir=tmp_path))  # the locks live in state_dir
     assert b.run_is_live(run_id) is None  # never ran here: only its lease expiry can retire it
     b.open_run(run_id)
     lock = tmp_path / f"libvirt-t@{run_id}.lock"
@@ -520,15 +542,19 @@ def test_run_lock_tells_live_dead_and_unknown_runs(tmp_path, monkeypatch, run_id
     # a run killed with -9 leaves its lock file, unlocked: dead, so gc removes what it left
     lock.write_text("12345")
     assert b.run_is_live(run_id) is False
-    cfg = parse({"hosts": {"t": {"backend": "libvirt", "uri": TEST_URI, "flavour": "qemu",
-                                 "dir": str(tmp_path / "disks")}}, "matrix": {"host": ["t"]}})
+    cfg = parse(
+        {
+            "hosts": {"t": {"backend": "libvirt", "uri": TEST_URI, "flavour": "qemu", "dir": str(tmp_path / "disks")}},
+            "matrix": {"host": ["t"]},
+        }
+    )
     golden = tmp_path / "g.qcow2"
     proc.run(["qemu-img", "create", "-q", "-f", "qcow2", str(golden), "16M"], timeout=30)
     img = ImageRef(name="golden", os="debian", path=golden, digest="d0")
     vm = b.clone(img, spec_for(img, run_id, expires_at=time.time() + 3600))  # lease not expired
     report = gc_mod.collect(cfg, hosts=["t"], backends={"t": b})
     assert f"removed t vm {vm.name}" in report.lines and f"removed t lock {lock.name}" in report.lines
-    assert b._lookup(vm.name) is None and not lock.exists()
+    assert b.connection.lookup(vm.name) is None and not lock.exists()
 
     # a run of another machine (no lock here) whose lease has not expired is kept
     vm = b.clone(img, spec_for(img, run_id + "x", expires_at=time.time() + 3600))

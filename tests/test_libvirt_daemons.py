@@ -8,9 +8,8 @@ import os
 import shutil
 import socket
 
-import pytest
-
 import libvirt_daemons
+import pytest
 
 
 def test_serving_tells_a_listener_from_a_stale_socket_file(tmp_path):
@@ -27,6 +26,7 @@ def test_serving_tells_a_listener_from_a_stale_socket_file(tmp_path):
     assert not libvirt_daemons.serving(path)
 
 
+@pytest.mark.vm  # starts and stops the system's libvirtd: never in the fast lane (see test_libvirt_dhcp)
 @pytest.mark.xdist_group("libvirt-qemu-system")  # the worker that starts and stops libvirtd
 def test_a_stale_virtlogd_socket_is_replaced_by_a_serving_daemon():
     if os.geteuid() != 0 or not shutil.which("virtlogd") or not shutil.which("libvirtd"):

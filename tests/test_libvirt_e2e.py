@@ -31,19 +31,20 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from conftest import LAB, LIBVIRT_URI as URI, run_lab_cli
 
 import lab
 from lab import proc
 from lab.wait import wait_until
 
-from conftest import LAB, LIBVIRT_URI as URI, run_lab_cli
-
 libvirt = pytest.importorskip("libvirt")
 
-from lab.backends.libvirt import (RUN_LOCK_DIR, LibvirtBackend, arp_entries,  # noqa: E402
-                                  parse_console_address)
+from lab.backends.libvirt.backend import LibvirtBackend  # noqa: E402
+from lab.backends.libvirt.settings import Settings  # noqa: E402
+from lab.backends.neighbours import arp_entries, parse_console_address  # noqa: E402
 from lab.guest import Guest  # noqa: E402
 from lab.model import DiskBus, NicModel, Vm, VmSpec  # noqa: E402
+from lab.runlock import RUN_LOCK_DIR  # noqa: E402
 
 IMAGES = Path(lab.PROJECT_ROOT) / "images"
 # QEMU as root without relabelling: libvirt would otherwise chown the shared golden image;
@@ -51,8 +52,12 @@ IMAGES = Path(lab.PROJECT_ROOT) / "images"
 QEMU_SETTINGS = {"dac_label": "+0:+0", "bios": "/usr/share/qemu/qboot.rom"}
 
 # one xdist worker runs them all: the libvirtd fixture may start and stop the daemon
-pytestmark = [pytest.mark.vm, pytest.mark.image, pytest.mark.timeout(900),
-              pytest.mark.xdist_group("libvirt-qemu-system")]
+pytestmark = [
+    pytest.mark.vm,
+    pytest.mark.image,
+    pytest.mark.timeout(900),
+    pytest.mark.xdist_group("libvirt-qemu-system"),
+]
 
 
 def virsh_names() -> list[str]:
@@ -93,8 +98,9 @@ def lab_pool(libvirtd, workdir):
     target = workdir / "pool"
     target.mkdir()
     conn = libvirt.open(URI)
-    pool = conn.storagePoolCreateXML(f"<pool type='dir'><name>{name}</name><target><path>{target}</path>"
-                                     f"</target></pool>", 0)
+    pool = conn.storagePoolCreateXML(
+        f"<pool type='dir'><name>{name}</name><target><path>{target}</path></target></pool>", 0
+    )
     try:
         yield name, target, pool
     finally:
@@ -108,11 +114,11 @@ def test_publish_clone_boot_address_chain_destroy(golden, libvirtd, lab_bridge, 
     """`golden` (conftest) skips with the reason when images/debian12.json is not built yet."""
     bridge, n = lab_bridge
     pool_name, pool_dir, pool = lab_pool
-    settings = {"uri": URI, "pool": pool_name, "bridge": bridge, **QEMU_SETTINGS}
+    settings = Settings(backend="libvirt", uri=URI, pool=pool_name, bridge=bridge, **QEMU_SETTINGS)
     backend = LibvirtBackend("e2e", settings)
     backend.check()
     assert backend.facts()["accel"] == "tcg"
-    assert backend.golden_root(golden) is None  # nothing published yet: the image is used in place
+    assert backend.disks.golden_root(golden) is None  # nothing published yet: the image is used in place
 
     # publish into the pool: the images/ layout, the manifest last, the pool refreshed
     t0 = time.monotonic()
@@ -131,13 +137,22 @@ def test_publish_clone_boot_address_chain_destroy(golden, libvirtd, lab_bridge, 
 
     backend = LibvirtBackend("e2e", settings)  # a new process would resolve the golden afresh
     backend.check()
-    backend.check_image(golden)
-    assert backend.golden_root(golden) == str(pool_dir)
+    backend.check_images([golden])
+    assert backend.disks.golden_root(golden) == str(pool_dir)
 
     run_id = f"e2e{secrets.token_hex(3)}"
-    spec = VmSpec(name=f"lab-{run_id}-c1", run_id=run_id, cell_id="c1", image=golden, nic=NicModel.E1000,
-                  vcpus=2, memory_mib=768, disk_bus=DiskBus.SATA, ip=f"10.78.{n}.10",
-                  expires_at=time.time() + 3600)
+    spec = VmSpec(
+        name=f"lab-{run_id}-c1",
+        run_id=run_id,
+        cell_id="c1",
+        image=golden,
+        nic=NicModel.E1000,
+        vcpus=2,
+        memory_mib=768,
+        disk_bus=DiskBus.SATA,
+        ip=f"10.78.{n}.10",
+        expires_at=time.time() + 3600,
+    )
     timings: dict[str, float] = {"publish": publish_s}
     vm = None
     t0 = time.monotonic()
@@ -150,7 +165,7 @@ def test_publish_clone_boot_address_chain_destroy(golden, libvirtd, lab_bridge, 
         assert info["format"] == "qcow2"
         assert info["backing-filename"] == f"{pool_dir}/debian12.qcow2"  # the published copy
 
-        dom = backend.conn.lookupByName(spec.name)
+        dom = backend.connection.get().lookupByName(spec.name)
         xml = dom.XMLDesc(0)
         assert xml.startswith("<domain type='qemu'")
         assert f"<kernel>{pool_dir}/debian12/vmlinuz</kernel>" in xml
@@ -186,18 +201,22 @@ def test_publish_clone_boot_address_chain_destroy(golden, libvirtd, lab_bridge, 
         # every other link of the address chain, against this real guest
         mac = vm.handle["mac"]
         assert parse_console_address(log_text) == ""  # at boot the image announces LAB-READY only
-        log_text = wait_until(lambda: "lab-net:" in backend.console_text(vm) and backend.console_text(vm),
-                              timeout=30, what="lab-net's line in the console log")
+        log_text = wait_until(
+            lambda: "lab-net:" in backend.console_text(vm) and backend.console_text(vm),
+            timeout=30,
+            what="lab-net's line in the console log",
+        )
         assert parse_console_address(log_text) == spec.ip
-        assert backend._addr_console(vm) == spec.ip
+        assert backend.addresses.console(vm) == spec.ip
         # the console stream (the reader bhyve's nmdm depends on) saw the boot and the same line
-        stream = wait_until(lambda: "lab-net:" in tap.text() and tap.text(), timeout=30,
-                            what="lab-net's line on the console stream")
+        stream = wait_until(
+            lambda: "lab-net:" in tap.text() and tap.text(), timeout=30, what="lab-net's line on the console stream"
+        )
         assert "LAB-READY" in stream and parse_console_address(stream) == spec.ip
-        neigh = proc.run(backend.arp_argv(), timeout=30).stdout  # `ip -4 neigh show` on the host
+        neigh = proc.run(backend.addresses.arp_argv(), timeout=30).stdout  # `ip -4 neigh show` on the host
         assert (spec.ip, mac, bridge) in arp_entries(neigh)
-        assert backend._addr_host_arp(vm) == spec.ip
-        assert backend._addr_lease(vm) == ""  # a bridge, not a libvirt network: no DHCP lease
+        assert backend.addresses.host_arp(vm) == spec.ip
+        assert backend.addresses.lease(vm) == ""  # a bridge, not a libvirt network: no DHCP lease
         # libvirt's own ARP source (interfaceAddresses SRC_ARP): libvirt 9.0 fails here with
         # "wrong nlmsg len" reading the neighbour table; the chain must then go on to the host's
         try:
@@ -209,7 +228,7 @@ def test_publish_clone_boot_address_chain_destroy(golden, libvirtd, lab_bridge, 
             print(f"libvirt ARP source: {exc}")
         # the chain as a guest without a static address meets it: leases, ARP, host table, console
         unknown = Vm(spec=replace(spec, ip=""), backend=backend.name, handle=vm.handle)
-        assert backend.address(unknown) == spec.ip
+        assert backend.addresses.find(unknown) == spec.ip
         assert unknown.facts["address_source"] == ("arp" if libvirt_arp else "host-arp")
     finally:
         t = time.monotonic()
@@ -224,38 +243,39 @@ def test_publish_clone_boot_address_chain_destroy(golden, libvirtd, lab_bridge, 
         print("timings: " + json.dumps({k: round(v, 2) for k, v in timings.items()}))
 
     # nothing left: domain, overlay, console log, tap, console reader
-    assert backend._lookup(spec.name) is None
+    assert backend.connection.lookup(spec.name) is None
     assert spec.name not in virsh_names()
     assert not any(o.run_id == run_id for o in backend.list_owned())
     assert not list(pool_dir.glob("lab-*")), list(pool_dir.glob("lab-*"))
     assert bridge_ports(bridge) == []
     assert not tap.alive
     assert vm.facts.get("undefine") == "nvram"  # QEMU accepts VIR_DOMAIN_UNDEFINE_NVRAM
-    backend.close()
+    backend.connection.close()
 
 
 # --------------------------------------------------------------------------------------------
 # through the CLI
 
+
 def write_libvirt_lab(tmp_path: Path, workdir: Path, bridge: str, n: int, *, workloads: str) -> Path:
     text = textwrap.dedent(f"""
         [lab]
         name = "libvirt-e2e"
-        results = "{tmp_path / 'results'}"
+        results = "{tmp_path / "results"}"
 
         [hosts.local]  # `lab gc` also sweeps the local backend: only this test's directory
         backend = "local"
-        workdir = "{workdir / 'local'}"
+        workdir = "{workdir / "local"}"
 
         [hosts.kvm]
         backend = "libvirt"
         uri = "{URI}"
-        dir = "{workdir / 'disks'}"
+        dir = "{workdir / "disks"}"
         bridge = "{bridge}"
         subnet = "10.78.{n}.0/24"
         client_address = "10.78.{n}.1"
-        dac_label = "{QEMU_SETTINGS['dac_label']}"
-        bios = "{QEMU_SETTINGS['bios']}"
+        dac_label = "{QEMU_SETTINGS["dac_label"]}"
+        bios = "{QEMU_SETTINGS["bios"]}"
         boot_timeout = 480
 
         [matrix]
@@ -320,8 +340,12 @@ def test_lab_run_cli_on_qemu_system(golden, libvirtd, lab_bridge, workdir, tmp_p
     assert ("iperf3-tcp", "throughput_mbit_s_tx") in metrics and ("iperf3-tcp", "throughput_mbit_s_rx") in metrics
     tx = next(s for s in doc["samples"] if s["metric"] == "throughput_mbit_s_tx")
     assert tx["value"] > 0 and tx["labels"]["host"] == "kvm" and tx["labels"]["accel"] == "tcg"
-    print("samples: " + json.dumps({f"{s['workload']}/{s['metric']}": round(s["value"], 1)
-                                    for s in doc["samples"] if "cpu" not in s["metric"]}))
+    print(
+        "samples: "
+        + json.dumps(
+            {f"{s['workload']}/{s['metric']}": round(s["value"], 1) for s in doc["samples"] if "cpu" not in s["metric"]}
+        )
+    )
     assert leftovers(run_id, workdir, bridge) == []
 
 
@@ -334,11 +358,13 @@ def test_gc_finds_a_killed_runs_domain_by_its_metadata(golden, libvirtd, lab_bri
     p = proc.spawn([*LAB, "run", "-c", str(cfg), "--run-id", run_id], stdout=log, stderr=log)
     log.close()
     try:
+
         def domain_running() -> bool:
             if p.poll() is not None:
                 raise AssertionError(f"lab run exited early: {(tmp_path / 'run.log').read_text()[-2000:]}")
             res = proc.run(["virsh", "-c", URI, "domstate", name], timeout=30, check=False)
             return res.ok and "running" in res.stdout
+
         wait_until(domain_running, timeout=180, what=f"{name} to run")
         # while the run lives, gc leaves its domain alone (the run lock is held)
         gc = run_lab_cli("gc", "-c", str(cfg), timeout=120)

@@ -23,8 +23,11 @@ import pytest
 
 import lab
 from lab import proc
-from lab.backends.libvirt import LEASE_NS, LibvirtBackend, mac_for
-from lab.errors import SettingError, UsageError
+from lab.backends.libvirt import drivers
+from lab.backends.libvirt.backend import LibvirtBackend
+from lab.backends.libvirt.domain import LEASE_NS, mac_for
+from lab.backends.libvirt.settings import Settings, capabilities
+from lab.errors import ConfigError, SettingError, UsageError
 from lab.model import CloneKind, DiskBus, ImageRef, NicModel, VmSpec
 
 XML2ARGV = Path(lab.PROJECT_ROOT).parent / "shared" / "bhyve" / "xml2argv"
@@ -34,8 +37,10 @@ UUID = "6f1c16e8-01c4-4429-87cd-e652e3edee5c"
 # libvirt tests/bhyvexml2argvdata/bhyvexml2argv-nvme.xml (libvirt >= 11.9; not in ../shared):
 # <disk type='file'><driver name='file' type='raw' .../><source file='/tmp/freebsd.img'/>
 #   <target dev='nvme0n1' bus='nvme'/></disk>  ->  -s 2:0,nvme,/tmp/freebsd.img
-NVME_REFERENCE = ("<disk type='file'><driver name='file' type='raw'/><source file='/tmp/freebsd.img'/>"
-                  "<target dev='nvme0n1' bus='nvme'/></disk>")
+NVME_REFERENCE = (
+    "<disk type='file'><driver name='file' type='raw'/><source file='/tmp/freebsd.img'/>"
+    "<target dev='nvme0n1' bus='nvme'/></disk>"
+)
 
 FIRMWARES = ["uefi", "bhyveload"]
 NICS = [NicModel.VIRTIO, NicModel.E1000]
@@ -43,8 +48,10 @@ BUSES = [DiskBus.SATA, DiskBus.VIRTIO, DiskBus.NVME]
 VCPUS = [1, 2]
 COMBOS = list(itertools.product(FIRMWARES, NICS, BUSES, VCPUS))
 
-needs_xmllint = pytest.mark.skipif(not shutil.which("xmllint") or not (SCHEMA_DIR / "domain.rng").exists(),
-                                   reason="xmllint / libvirt schemas not installed (make setup)")
+needs_xmllint = pytest.mark.skipif(
+    not shutil.which("xmllint") or not (SCHEMA_DIR / "domain.rng").exists(),
+    reason="xmllint / libvirt schemas not installed (make setup)",
+)
 
 
 def ref(name: str) -> ET.Element:
@@ -58,14 +65,29 @@ def image() -> ImageRef:
     return ImageRef(name="fbsd14", os="freebsd", path=Path("/nonexistent/fbsd14.raw"), digest="d1")
 
 
+def host(name: str, **table) -> LibvirtBackend:
+    """The backend of a `[hosts.NAME]` table, typed as lab.config hands it over."""
+    return LibvirtBackend(name, Settings(backend="libvirt", **table))
+
+
 def bhyve(firmware: str = "uefi", **extra) -> LibvirtBackend:
-    return LibvirtBackend("bsd1", {"uri": "bhyve+ssh://root@bsd1/system", "dataset": "zroot/lab",
-                                   "firmware": firmware, "bridge": "bridge0", **extra})
+    return host(
+        "bsd1", uri="bhyve+ssh://root@bsd1/system", dataset="zroot/lab", firmware=firmware, bridge="bridge0", **extra
+    )
 
 
 def spec(nic=NicModel.VIRTIO, bus=DiskBus.VIRTIO, vcpus=2, **kw) -> VmSpec:
-    base = dict(name="lab-r1-c1", run_id="r1", cell_id="c1", image=image(), nic=nic, vcpus=vcpus,
-                memory_mib=1024, disk_bus=bus, expires_at=1_900_000_000.0)
+    base = dict(
+        name="lab-r1-c1",
+        run_id="r1",
+        cell_id="c1",
+        image=image(),
+        nic=nic,
+        vcpus=vcpus,
+        memory_mib=1024,
+        disk_bus=bus,
+        expires_at=1_900_000_000.0,
+    )
     base.update(kw)
     return VmSpec(**base)
 
@@ -83,7 +105,7 @@ def nvme_schema(tmp_path_factory) -> Path:
     if "<value>nvme</value>\n            <value>sata</value>" not in text:
         assert anchor in text, "unexpected domaincommon.rng layout"
         text = text.replace(anchor, "<value>nvme</value>\n            " + anchor, 1)
-    pattern = "<param name=\"pattern\">(ioemu:)?(fd|hd|sd|vd|xvd|ubd)[a-zA-Z0-9_]+</param>"
+    pattern = '<param name="pattern">(ioemu:)?(fd|hd|sd|vd|xvd|ubd)[a-zA-Z0-9_]+</param>'
     if pattern in text:
         text = text.replace(pattern, pattern.replace("+</param>", "+|nvme[0-9]+n[0-9]+</param>"), 1)
     common.write_text(text)
@@ -107,12 +129,14 @@ def paths(root: ET.Element) -> dict[str, set[str]]:
             p = f"{prefix}/{child.tag}"
             out.setdefault(p, set()).update(child.attrib)
             walk(child, p)
+
     walk(root, "domain")
     return out
 
 
 # --------------------------------------------------------------------------------------------
 # 1. schema
+
 
 @needs_xmllint
 @pytest.mark.parametrize("firmware,nic,bus,vcpus", COMBOS, ids=lambda v: getattr(v, "value", str(v)))
@@ -147,6 +171,7 @@ def test_the_schema_check_catches_a_broken_domain(tmp_path):
 
 # --------------------------------------------------------------------------------------------
 # 2. shape the real bhyve driver accepts (../shared/bhyve/xml2argv)
+
 
 @pytest.fixture(scope="module")
 def vocabulary() -> dict[str, set[str]]:
@@ -216,9 +241,11 @@ def test_bhyve_xml_has_the_drivers_shape(firmware, nic, bus, vcpus, vocabulary):
     disks = root.findall("devices/disk")
     assert len(disks) == 1
     disk = disks[0]
-    want = {DiskBus.SATA: ref("base").find("devices/disk"),
-            DiskBus.VIRTIO: ref("disk-virtio").find("devices/disk"),
-            DiskBus.NVME: ET.fromstring(NVME_REFERENCE)}[bus]
+    want = {
+        DiskBus.SATA: ref("base").find("devices/disk"),
+        DiskBus.VIRTIO: ref("disk-virtio").find("devices/disk"),
+        DiskBus.NVME: ET.fromstring(NVME_REFERENCE),
+    }[bus]
     assert disk.get("type") == want.get("type") == "file"
     assert disk.get("device", "disk") == "disk"
     assert disk.find("driver").attrib == want.find("driver").attrib == {"name": "file", "type": "raw"}
@@ -256,8 +283,15 @@ def test_bhyve_xml_has_the_drivers_shape(firmware, nic, bus, vcpus, vocabulary):
     # the lease in <metadata>
     lease = root.find(f"metadata/{{{LEASE_NS}}}lease")
     assert lease is not None
-    assert lease.attrib == {"run": "r1", "cell": "c1", "expires": "1900000000", "host": "bsd1", "ip": "",
-                            "disk": "zfs:zroot/lab/lab-r1-c1", "console": src.get("slave")}
+    assert lease.attrib == {
+        "run": "r1",
+        "cell": "c1",
+        "expires": "1900000000",
+        "host": "bsd1",
+        "ip": "",
+        "disk": "zfs:zroot/lab/lab-r1-c1",
+        "console": src.get("slave"),
+    }
 
 
 def test_bhyve_network_interface_and_loader_settings():
@@ -270,9 +304,10 @@ def test_bhyve_network_interface_and_loader_settings():
 
 
 def test_values_are_xml_escaped():
-    b = LibvirtBackend("h&1", {"uri": "qemu:///system", "dir": "/tmp/a&b", "bridge": "br0"})
-    xml = b.domain_xml(spec(name="lab-x", image=ImageRef(name="debian12", os="debian",
-                                                         path=Path("/nonexistent/x.qcow2"), digest="d")))
+    b = host("h&1", uri="qemu:///system", dir="/tmp/a&b", bridge="br0")
+    xml = b.domain_xml(
+        spec(name="lab-x", image=ImageRef(name="debian12", os="debian", path=Path("/nonexistent/x.qcow2"), digest="d"))
+    )
     root = ET.fromstring(xml)  # would raise on an unescaped '&'
     assert root.find("devices/disk/source").get("file") == "/tmp/a&b/lab-x.qcow2"
 
@@ -285,22 +320,28 @@ QEMU_BUSES = [DiskBus.VIRTIO, DiskBus.SCSI, DiskBus.SATA, DiskBus.IDE]
 
 
 def qemu(**extra) -> LibvirtBackend:
-    return LibvirtBackend("local", {"uri": "qemu:///system", "dir": "/var/tmp/labdisks", "bridge": "labvbr0",
-                                    **extra})
+    return host("local", uri="qemu:///system", dir="/var/tmp/labdisks", bridge="labvbr0", **extra)
 
 
 def debian(tmp_path: Path) -> ImageRef:
     (tmp_path / "debian12").mkdir(exist_ok=True)
     for f in ("vmlinuz", "initrd.img"):
         (tmp_path / "debian12" / f).write_bytes(b"")
-    return ImageRef(name="debian12", os="debian", path=tmp_path / "debian12.qcow2", digest="d",
-                    manifest={"cmdline": "console=ttyS0 root=LABEL=labroot rw quiet", "boot": ["kernel", "bios", "uefi"],
-                              "paths": {"kernel": "debian12/vmlinuz", "initrd": "debian12/initrd.img"}})
+    return ImageRef(
+        name="debian12",
+        os="debian",
+        path=tmp_path / "debian12.qcow2",
+        digest="d",
+        manifest={
+            "cmdline": "console=ttyS0 root=LABEL=labroot rw quiet",
+            "boot": ["kernel", "bios", "uefi"],
+            "paths": {"kernel": "debian12/vmlinuz", "initrd": "debian12/initrd.img"},
+        },
+    )
 
 
 @needs_xmllint
-@pytest.mark.parametrize("nic,bus", list(itertools.product(QEMU_NICS, QEMU_BUSES)),
-                         ids=lambda v: v.value)
+@pytest.mark.parametrize("nic,bus", list(itertools.product(QEMU_NICS, QEMU_BUSES)), ids=lambda v: v.value)
 def test_qemu_xml_validates_and_carries_the_cell(nic, bus, tmp_path):
     img = debian(tmp_path)
     b = qemu(gateway="10.78.5.1", bios="/usr/share/qemu/qboot.rom")
@@ -315,8 +356,9 @@ def test_qemu_xml_validates_and_carries_the_cell(nic, bus, tmp_path):
     assert root.find("cpu/topology").get("cores") == "2"
     assert root.findtext("os/kernel") == str(tmp_path / "debian12" / "vmlinuz")
     assert root.findtext("os/initrd") == str(tmp_path / "debian12" / "initrd.img")
-    assert root.findtext("os/cmdline") == ("console=ttyS0 root=LABEL=labroot rw quiet "
-                                           "lab.ip=10.78.5.10/24 lab.gw=10.78.5.1")
+    assert root.findtext("os/cmdline") == (
+        "console=ttyS0 root=LABEL=labroot rw quiet lab.ip=10.78.5.10/24 lab.gw=10.78.5.1"
+    )
     assert root.findtext("os/loader") == "/usr/share/qemu/qboot.rom"
     disk = root.find("devices/disk")
     assert disk.find("driver").attrib["type"] == "qcow2"
@@ -332,8 +374,15 @@ def test_qemu_xml_validates_and_carries_the_cell(nic, bus, tmp_path):
 
 @needs_xmllint
 def test_qemu_disk_boot_kvm_user_network_agent(tmp_path):
-    b = LibvirtBackend("k", {"uri": "qemu:///system", "dir": "/var/tmp/labdisks", "boot": "disk",
-                             "domain_type": "kvm", "guest_agent": True, "disk_format": "raw"})
+    b = host(
+        "k",
+        uri="qemu:///system",
+        dir="/var/tmp/labdisks",
+        boot="disk",
+        domain_type="kvm",
+        guest_agent=True,
+        disk_format="raw",
+    )
     xml = b.domain_xml(spec(image=debian(tmp_path), clone=CloneKind.FULL), vm_uuid=UUID)
     assert xmllint(xml, tmp_path, SCHEMA_DIR / "domain.rng").ok
     root = ET.fromstring(xml)
@@ -349,15 +398,16 @@ def test_qemu_disk_boot_kvm_user_network_agent(tmp_path):
     with pytest.raises(UsageError, match=r"cannot boot by BIOS firmware \(SeaBIOS\) \(host 'k'"):
         b.domain_xml(spec(image=old, clone=CloneKind.FULL), vm_uuid=UUID)
     with pytest.raises(UsageError, match=r"cannot boot by UEFI firmware \(host 'b'"):
-        LibvirtBackend("b", {"uri": "bhyve:///system", "dataset": "zroot/lab"}).domain_xml(spec(image=old), vm_uuid=UUID)
+        host("b", uri="bhyve:///system", dataset="zroot/lab").domain_xml(spec(image=old), vm_uuid=UUID)
 
 
 # --------------------------------------------------------------------------------------------
 # capabilities: checked at plan time, UsageError naming the value
 
+
 @pytest.mark.parametrize("nic", [NicModel.E1000E, NicModel.RTL8139, NicModel.VMXNET3])
 def test_bhyve_rejects_nic_models_it_cannot_emulate(nic):
-    with pytest.raises(SettingError, match=rf"nic = '{nic.value}': not available.*only e1000, virtio") as exc:
+    with pytest.raises(SettingError, match=rf"nic = '{nic.value}': not available.*offers e1000, virtio") as exc:
         bhyve().validate_spec(spec(nic=nic))
     assert (exc.value.key, exc.value.value) == ("nic", nic.value)
 
@@ -375,41 +425,64 @@ def test_qemu_rejects_nvme_on_this_libvirt():
 
 
 def test_bhyve_disk_format_and_agent_are_settings_errors():
-    with pytest.raises(UsageError, match="disk_format = 'qcow2'.*raw"):
+    with pytest.raises(SettingError, match=r"hosts.bsd1.disk_format = 'qcow2': .*reads only raw"):
         bhyve(disk_format="qcow2")
-    with pytest.raises(UsageError, match="guest_agent"):
+    with pytest.raises(SettingError, match=r"hosts.bsd1.guest_agent = True"):
         bhyve(guest_agent=True)
-    with pytest.raises(UsageError, match="firmware = 'grub'"):
-        bhyve(firmware="grub")
     with pytest.raises(SettingError, match=r"hosts.b.dataset = \(missing\)"):
-        LibvirtBackend("b", {"uri": "bhyve+ssh://root@b/system"})
-    with pytest.raises(UsageError, match="unknown libvirt setting.*brige"):
-        LibvirtBackend("b", {"uri": "qemu:///system", "brige": "x"})
+        host("b", uri="bhyve+ssh://root@b/system")
+    from lab import config
+
+    # at plan time, through plan_check: the lab.toml, the host's key and the value
+    bsd = {"backend": "libvirt", "uri": "bhyve+ssh://root@b/system", "dataset": "zroot/lab"}
+    for key, value, problem in (
+        ("disk_format", "qcow2", "the bhyve driver reads only raw disks"),
+        ("guest_agent", True, "bhyve has no qemu-guest-agent"),
+        ("dataset", None, "a bhyve host needs the ZFS dataset"),
+    ):
+        table = {k: v for k, v in {**bsd, key: value}.items() if v is not None}
+        with pytest.raises(ConfigError) as exc:
+            config.parse({"hosts": {"b": table}})
+        assert (exc.value.path, exc.value.key, exc.value.value) == ("lab.toml", f"hosts.b.{key}", value)
+        assert exc.value.problem.startswith(problem)
+    config.parse({"hosts": {"b": bsd}})
+    # the typed settings refuse what no libvirt host takes, naming key and value
+    with pytest.raises(UsageError, match=r"hosts.b.firmware = 'grub': Input should be 'uefi' or 'bhyveload'"):
+        config.parse({"hosts": {"b": {"backend": "libvirt", "uri": "bhyve+ssh://root@b/system", "firmware": "grub"}}})
+    with pytest.raises(UsageError, match=r"hosts.b.brige = 'x': unknown key"):
+        config.parse({"hosts": {"b": {"backend": "libvirt", "uri": "qemu:///system", "brige": "x"}}})
 
 
-@pytest.mark.parametrize("feature", ["snapshots", "save-restore", "suspend", "hotplug", "memory-balloon",
-                                     "migration", "direct-kernel-boot"])
+@pytest.mark.parametrize(
+    "feature", ["snapshots", "save-restore", "suspend", "hotplug", "memory-balloon", "migration", "direct-kernel-boot"]
+)
 def test_bhyve_lacks_features(feature):
-    b = bhyve()
-    assert not b.supports(feature)
+    bsd = drivers.DRIVERS["bhyve"]
+    assert not drivers.supports(bsd, feature, None)
     with pytest.raises(SettingError, match=rf"requires = '{feature}': not available on libvirt/bhyve"):
-        b.require(feature)
+        drivers.require(bsd, feature, None, "bsd1")
     with pytest.raises(UsageError, match=feature):
-        b.validate_spec(spec(labels={"requires": feature}))
-    qemu().require(feature)  # QEMU has them all
+        bhyve().validate_spec(spec(labels={"requires": feature}))
+    drivers.require(drivers.DRIVERS["qemu"], feature, None, "local")  # QEMU has them all
+    qemu().validate_spec(spec(labels={"requires": feature}))
 
 
 def test_version_gated_bhyve_features():
     b = bhyve()
-    b.lib_version = 10_000_000  # libvirt 10.0 on the host (learnt by check())
+    b.connection.lib_version = 10_000_000  # libvirt 10.0 on the host (learnt by check())
     with pytest.raises(SettingError, match=r"disk_bus = 'nvme': needs libvirt >= 11.9.0.*10.0.0"):
         b.validate_spec(spec(bus=DiskBus.NVME))
     with pytest.raises(UsageError, match="interface-addresses.*12.3.0"):
-        b.require("interface-addresses")
+        b.validate_spec(spec(labels={"requires": "interface-addresses"}))
     b.validate_spec(spec(bus=DiskBus.SATA, nic=NicModel.E1000))
-    b.lib_version = 12_004_000
+    b.connection.lib_version = 3_001_000  # e1000 yes, UEFI (3.2) not yet
+    with pytest.raises(SettingError, match=r"hosts.bsd1.firmware = 'uefi': needs libvirt >= 3.2.0"):
+        b.validate_spec(spec(bus=DiskBus.SATA, nic=NicModel.E1000))
+    b.connection.lib_version = 12_004_000
     b.validate_spec(spec(bus=DiskBus.NVME))
-    b.require("guest-agent")
+    b.validate_spec(spec(labels={"requires": "guest-agent"}))
+    # at plan time the host's version is unknown: the gates wait for check()
+    LibvirtBackend.plan_check("bsd1", bhyve().settings, [spec(bus=DiskBus.NVME)])
 
 
 def test_linked_raw_clone_is_a_usage_error_on_qemu():
@@ -418,30 +491,39 @@ def test_linked_raw_clone_is_a_usage_error_on_qemu():
     qemu(disk_format="raw").validate_spec(spec(clone=CloneKind.FULL))
 
 
-def test_nic_models_for_uri():
-    from lab.backends.libvirt import nic_models_for_uri
+def test_capabilities_from_the_uri_alone():
+    def caps(uri: str, **table):
+        return capabilities(Settings(backend="libvirt", uri=uri, **table))
 
-    assert nic_models_for_uri("bhyve+ssh://root@h/system") == {NicModel.VIRTIO, NicModel.E1000}
-    assert nic_models_for_uri("qemu:///system") == frozenset(NicModel)
-    with pytest.raises(UsageError, match="xen"):
-        nic_models_for_uri("xen:///system")
+    bsd = caps("bhyve+ssh://root@h/system")
+    assert bsd.nic_models == {NicModel.VIRTIO, NicModel.E1000}
+    assert bsd.disk_buses == {DiskBus.SATA, DiskBus.VIRTIO, DiskBus.NVME}
+    assert (bsd.description, bsd.max_vcpus, bsd.snapshots) == ("libvirt/bhyve", 16, False)
+    assert "snapshots" in bsd.missing
+    assert caps("qemu:///system").nic_models == frozenset(NicModel)
+    assert caps("test:///default", flavour="bhyve") == bsd and caps("test:///default").description == "libvirt/qemu"
+    from lab import config
+
+    with pytest.raises(ConfigError, match=r"hosts.x.uri = 'xen:///system': .*unsupported libvirt driver 'xen'"):
+        config.parse({"hosts": {"x": {"backend": "libvirt", "uri": "xen:///system"}}})
 
 
 # --------------------------------------------------------------------------------------------
 # the generated bhyve XML is also accepted by libvirt's own parser (test driver, schema-validating
 # define); this proves parseability, not that bhyve runs it (the test driver checks no driver rules)
 
-@pytest.mark.parametrize("firmware,nic,bus,vcpus", [c for c in COMBOS if c[2] is not DiskBus.NVME],
-                         ids=lambda v: getattr(v, "value", str(v)))
+
+@pytest.mark.parametrize(
+    "firmware,nic,bus,vcpus", [c for c in COMBOS if c[2] is not DiskBus.NVME], ids=lambda v: getattr(v, "value", str(v))
+)
 def test_libvirt_parses_the_bhyve_xml(firmware, nic, bus, vcpus):
     libvirt = pytest.importorskip("libvirt")
-    from lab.backends.libvirt import _libvirt
+    from lab.backends.libvirt.connection import libvirt_module
 
-    _libvirt()  # silences libvirt's stderr error printing
+    libvirt_module()  # silences libvirt's stderr error printing
     conn = libvirt.open("test:///default")
     try:
-        dom = conn.defineXMLFlags(bhyve(firmware).domain_xml(spec(nic, bus, vcpus)),
-                                  libvirt.VIR_DOMAIN_DEFINE_VALIDATE)
+        dom = conn.defineXMLFlags(bhyve(firmware).domain_xml(spec(nic, bus, vcpus)), libvirt.VIR_DOMAIN_DEFINE_VALIDATE)
         try:
             back = ET.fromstring(dom.XMLDesc(0))
             assert back.get("type") == "bhyve"
@@ -458,8 +540,20 @@ def test_libvirt_parses_the_bhyve_xml(firmware, nic, bus, vcpus):
 # bhyve command line: a small model of the driver's command builder, for the features lab uses,
 # checked first against the driver's own xml -> args pairs, then applied to lab's XML
 
-MODEL_PAIRS = ["base", "net-e1000", "macaddr", "disk-virtio", "addr-multiple-virtio-disks", "uefi", "cputopology",
-               "serial", "console", "acpiapic", "localtime", "wired"]
+MODEL_PAIRS = [
+    "base",
+    "net-e1000",
+    "macaddr",
+    "disk-virtio",
+    "addr-multiple-virtio-disks",
+    "uefi",
+    "cputopology",
+    "serial",
+    "console",
+    "acpiapic",
+    "localtime",
+    "wired",
+]
 TEST_MOCK_MAC = "52:54:00:00:00:00"  # the driver test mock's "random" MAC
 
 
@@ -469,11 +563,18 @@ def bhyve_model(root: ET.Element) -> tuple[list[str], list[str] | None]:
     mib = -(-int(root.findtext("memory")) // 1024)  # KiB (no unit attribute) -> MiB, rounded up
     vcpus = root.findtext("vcpu")
     topo = root.find("cpu/topology")
-    argv = ["bhyve", "-c", f"cpus={vcpus},sockets={topo.get('sockets')},cores={topo.get('cores')},"
-                           f"threads={topo.get('threads')}" if topo is not None else vcpus, "-m", str(mib)]
+    argv = [
+        "bhyve",
+        "-c",
+        f"cpus={vcpus},sockets={topo.get('sockets')},cores={topo.get('cores')},threads={topo.get('threads')}"
+        if topo is not None
+        else vcpus,
+        "-m",
+        str(mib),
+    ]
     if root.find("memoryBacking/locked") is not None:
         argv.append("-S")
-    if (root.find("clock") is None or root.find("clock").get("offset", "utc") == "utc"):
+    if root.find("clock") is None or root.find("clock").get("offset", "utc") == "utc":
         argv.append("-u")
     argv += ["-H", "-P", "-s", "0:0,hostbridge"]
     loader = root.find("os/loader")
@@ -485,8 +586,11 @@ def bhyve_model(root: ET.Element) -> tuple[list[str], list[str] | None]:
     disks = root.findall("devices/disk")
     sata = [d for d in disks if d.find("target").get("bus") == "sata"]
     if sata:
-        argv += ["-s", "N:0,ahci," + ",".join(
-            ("cd:" if d.get("device") == "cdrom" else "hd:") + d.find("source").get("file") for d in sata)]
+        argv += [
+            "-s",
+            "N:0,ahci,"
+            + ",".join(("cd:" if d.get("device") == "cdrom" else "hd:") + d.find("source").get("file") for d in sata),
+        ]
     for nic in root.findall("devices/interface"):
         model = {"virtio": "virtio-net", "e1000": "e1000"}[nic.find("model").get("type")]
         mac = nic.find("mac").get("address") if nic.find("mac") is not None else TEST_MOCK_MAC
@@ -501,8 +605,12 @@ def bhyve_model(root: ET.Element) -> tuple[list[str], list[str] | None]:
     loader_argv = None
     if loader is None and root.find("os/bootloader") is None:
         boot_dev = root.find("os/boot")
-        usable = [d for d in disks if d.get("device", "disk") == ("cdrom" if boot_dev is not None and
-                                                                   boot_dev.get("dev") == "cdrom" else "disk")]
+        usable = [
+            d
+            for d in disks
+            if d.get("device", "disk")
+            == ("cdrom" if boot_dev is not None and boot_dev.get("dev") == "cdrom" else "disk")
+        ]
         ordered = [d for d in disks if d.find("boot") is not None]
         boot_disk = ordered[0] if ordered else usable[-1]  # no boot order: the last usable disk (G7)
         loader_argv = ["bhyveload", "-m", str(mib), "-d", boot_disk.find("source").get("file"), name]
@@ -531,14 +639,21 @@ def test_bhyve_command_for_lab_xml(firmware, nic, bus, vcpus):
     zvol = "/dev/zvol/zroot/lab/lab-r1-c1"
     assert argv[:5] == ["bhyve", "-c", "cpus=2,sockets=1,cores=2,threads=1" if vcpus == 2 else "1", "-m", "1024"]
     assert "-u" in argv and "-A" not in argv
-    disk_arg = {DiskBus.SATA: f"N:0,ahci,hd:{zvol}", DiskBus.VIRTIO: f"N:0,virtio-blk,{zvol}",
-                DiskBus.NVME: f"N:0,nvme,{zvol}"}[bus]
+    disk_arg = {
+        DiskBus.SATA: f"N:0,ahci,hd:{zvol}",
+        DiskBus.VIRTIO: f"N:0,virtio-blk,{zvol}",
+        DiskBus.NVME: f"N:0,nvme,{zvol}",
+    }[bus]
     assert disk_arg in argv
     assert f"N:0,{'virtio-net' if nic is NicModel.VIRTIO else 'e1000'},faketapdev,mac={mac_for('lab-r1-c1')}" in argv
     assert argv[-3:] == ["-l", "com1,/dev/nmdm6f1c16e8A", "lab-r1-c1"]
     if firmware == "uefi":
-        assert argv[argv.index("0:0,hostbridge") + 1:][:4] == [
-            "-l", "bootrom,/usr/local/share/uefi-firmware/BHYVE_UEFI.fd,fwcfg=qemu", "-s", "N:0,lpc"]
+        assert argv[argv.index("0:0,hostbridge") + 1 :][:4] == [
+            "-l",
+            "bootrom,/usr/local/share/uefi-firmware/BHYVE_UEFI.fd,fwcfg=qemu",
+            "-s",
+            "N:0,lpc",
+        ]
         assert loader is None
     else:
         assert loader == ["bhyveload", "-m", "1024", "-d", zvol, "lab-r1-c1"]

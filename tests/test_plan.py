@@ -27,3 +27,51 @@ def test_random_order_is_replayable_by_seed():
     assert sorted(a, key=lambda x: x.index) == cells
     assert any(plan.order(cells, "random", s) != cells for s in range(5))
     assert plan.order(cells, "sequential", 1) == cells
+
+
+def test_the_axes_table_drives_the_matrix_the_cell_and_the_columns():
+    from lab import axes
+    from lab.labconfig import MatrixSection
+
+    assert list(MatrixSection.model_fields) == [*axes.AXES, "exclude"]
+    assert [f for f in plan.Cell.__dataclass_fields__] == ["index", *axes.AXES, "replica"]
+    c = config.parse(
+        {
+            "wan": {"rtt50": {"delay_ms": 50}},
+            "matrix": {"cc": ["default", "bbr"], "offloads": ["lro=off"], "wan": ["rtt50"]},
+        }
+    )
+    cells = plan.cells(c)
+    # labels are byte-identical to the ones stored before the table existed
+    assert cells[0].label == "local/debian12/virtio/2c/1024m/virtio/linked/default/offloads=lro=off/wan=rtt50"
+    assert cells[1].label == "local/debian12/virtio/2c/1024m/virtio/linked/default/cc=bbr/offloads=lro=off/wan=rtt50"
+    assert [a.column for a in axes.shown_columns(c.matrix)] == [
+        "host",
+        "image",
+        "nic",
+        "vcpus",
+        "memory",
+        "disk",
+        "clone",
+        "tuning",
+        "cc",
+        "offloads",
+        "wan",
+    ]
+    assert [a.column for a in axes.shown_columns(cfg().matrix)][-1] == "tuning"  # unset optional axes: no column
+    assert cells[0].machine() == ("local", "debian12", "virtio", 2, 1024, "virtio", "linked", "cold", "vm", 1)
+    spec = plan.vm_spec(cells[0], _image(), run_id="r")
+    assert (spec.name, spec.nic, spec.vcpus, spec.memory_mib) == ("lab-r-c01", cells[0].nic, 2, 1024)
+
+
+def _image():
+    from pathlib import Path
+
+    from lab.model import ImageRef
+
+    return ImageRef("debian12", "debian", Path("/x"), "d")
+
+
+def test_exclude_may_name_an_optional_axis_at_its_default():
+    c = cfg(cc=["default", "bbr"], nic=["virtio", "e1000"], exclude=[{"cc": "default", "nic": "e1000"}])
+    assert [x.id for x in plan.cells(c)] == ["c01", "c02", "c04"]

@@ -47,7 +47,9 @@ def test_an_interrupted_orchestrator_stops_the_command_it_was_running(tmp_path):
             raise Interrupted()
         signal.signal(signal.SIGTERM, handler)
         try:
-            proc.run(["sh", "-c", "sleep 300 & echo $! > {pidfile}; wait"], timeout=600)
+            # the pid is written a second late: the SIGTERM must find run() waiting, not still in
+            # Popen's constructor (a child may write before its parent's fork returns on a busy machine)
+            proc.run(["sh", "-c", "sleep 300 & sleep 1; echo $! > {pidfile}; wait"], timeout=600)
         except Interrupted:
             print("interrupted")
         """)
@@ -63,3 +65,33 @@ def test_an_interrupted_orchestrator_stops_the_command_it_was_running(tmp_path):
             p.wait()
     assert out.strip() == "interrupted"
     wait_until(lambda: gone(pid), timeout=10, what="the grandchild to be gone")
+
+
+@pytest.mark.parametrize("start", ["run", "spawn"])
+def test_an_interrupt_while_a_child_starts_stops_that_child(monkeypatch, start):
+    """SIGTERM landing after the fork, before Popen has returned: the interrupt is raised once the
+    child is held, and the child is stopped (it used to run on, with nobody holding it)."""
+    import os
+
+    from lab.cli.group import install_signal_handlers, restore_signal_handlers
+    from lab.lifecycle import Interrupted
+
+    real, started = subprocess.Popen, []
+
+    def popen_then_signal(*args, **kwargs):
+        p = real(*args, **kwargs)
+        started.append(p)
+        os.kill(os.getpid(), signal.SIGTERM)
+        sum(range(10_000))  # Python runs the handler at a bytecode boundary: here, inside the creation
+        return p
+
+    previous = install_signal_handlers()
+    monkeypatch.setattr(proc.subprocess, "Popen", popen_then_signal)
+    try:
+        with pytest.raises(Interrupted):
+            proc.run(["sleep", "30"]) if start == "run" else proc.spawn(["sleep", "30"])
+    finally:
+        monkeypatch.undo()
+        restore_signal_handlers(previous)
+    assert len(started) == 1
+    assert started[0].poll() is not None, "the child whose start was interrupted is still running"

@@ -3,6 +3,7 @@ pitfall checklist's faults (flocks, expired tickets, slow calls, HA, ARP-only gu
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import threading
@@ -17,25 +18,34 @@ from pve_emulator.fixtures import (  # noqa: F401  (fixtures)
     TOKEN_ID,
     TOKEN_SECRET,
     backend_settings,
+    lab_template_description,
     pve_certs_fixture,
+    pve_env_fixture,
     pve_fixture,
 )
 
 from lab import proc
+from lab.backends import default_env
 from lab.backends.proxmox import ProxmoxBackend
-from lab.errors import AuthError, BackendError, TeardownError, UnreachableError, UsageError
+from lab.errors import AuthError, BackendError, HostUnreachable, TeardownError, UsageError
 from lab.model import ImageRef, NicModel, VmSpec
 from lab.wait import wait_until
 
 
-# open_run takes a run lock on this machine: in the test's directory (parallel tests share run ids)
-pytestmark = pytest.mark.usefixtures("proxmox_run_locks")
-
-
 def spec(name="lab-r1-c1", *, ip="", mac="", run_id="r1", memory=1024) -> VmSpec:
     image = ImageRef(name="debian12", os="debian", path=Path("debian12"), digest="d1")
-    return VmSpec(name=name, run_id=run_id, cell_id="c1", image=image, nic=NicModel.VIRTIO, vcpus=1,
-                  memory_mib=memory, ip=ip, mac=mac, expires_at=1_900_000_000.0)
+    return VmSpec(
+        name=name,
+        run_id=run_id,
+        cell_id="c1",
+        image=image,
+        nic=NicModel.VIRTIO,
+        vcpus=1,
+        memory_mib=memory,
+        ip=ip,
+        mac=mac,
+        expires_at=1_900_000_000.0,
+    )
 
 
 def image(tmp_path, name="debian12", size="16M") -> ImageRef:
@@ -61,10 +71,11 @@ def no_leftovers(emu) -> None:
 
 # --- publishing --------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("pve", ["8.4", "9.1"], indirect=True)
-def test_publish_with_import_content_then_clone(pve, tmp_path):
+def test_publish_with_import_content_then_clone(pve, tmp_path, pve_env):
     img = image(tmp_path)
-    b = ProxmoxBackend("pve1", backend_settings(pve, template=None))
+    b = ProxmoxBackend("pve1", backend_settings(pve, template=None), pve_env)
     assert b.publish_image(img) == "lab-debian12"
     uploads = [p for m, path, p in pve.requests if path.endswith("/upload")]
     assert [u["content"] for u in uploads] == ["import"] and uploads[0]["checksum"] == img.sha256
@@ -80,14 +91,15 @@ def test_publish_with_import_content_then_clone(pve, tmp_path):
     # the template serves clones; publishing the same image again changes nothing
     vm = b.clone(img, spec())
     assert vm.handle["node"] == "pve1" and vm.facts["template"] == tmpl[0]
-    assert pve.vm(vm.handle["vmid"]).config["scsi0"].startswith(f"local-lvm:base-{tmpl[0]}-disk-0/")
+    clone_cfg = pve.vm(vm.handle["vmid"]).config  # the template's disk, re-attached on the cell's bus
+    assert clone_cfg["virtio0"].startswith(f"local-lvm:base-{tmpl[0]}-disk-0/") and "scsi0" not in clone_cfg
     before = len(pve.requests)
     assert b.publish_image(img) == "lab-debian12"
     assert not [p for m, path, p in pve.requests[before:] if m != "GET"]
     b.destroy(vm)
     # a new build of the image replaces the template (the old one has no clones left)
     new = image(tmp_path, size="20M")
-    b2 = ProxmoxBackend("pve1", backend_settings(pve, template=None))
+    b2 = ProxmoxBackend("pve1", backend_settings(pve, template=None), pve_env)
     b2.publish_image(new)
     now = [v for v in pve.vm_ids(include_templates=True) if v != TEMPLATE_VMID]
     assert len(now) == 1 and now[0] != tmpl[0]
@@ -95,7 +107,7 @@ def test_publish_with_import_content_then_clone(pve, tmp_path):
     assert b2.clone(new, spec()).facts["template"] == now[0]
 
 
-def test_publish_failing_import_leaves_nothing(pve, tmp_path):
+def test_publish_failing_import_leaves_nothing(pve, tmp_path, pve_env):
     img = image(tmp_path)
     leftover = tmp_path / f"lab-debian12-{img.sha256[:12]}.qcow2"  # an earlier publish died after its upload
     leftover.symlink_to(img.path)
@@ -105,17 +117,20 @@ def test_publish_failing_import_leaves_nothing(pve, tmp_path):
     wait_until(lambda: node.tasks(upid).status.get()["status"] == "stopped", timeout=5, what="the upload")
     assert pve.volume_ids() == [f"local:import/{leftover.name}"]
     pve.fail_next("qmcreate", "import failed: qemu-img: Could not open '/dev/pve/vm-100-disk-0'")
-    b = ProxmoxBackend("pve1", backend_settings(pve, template=None))
+    b = ProxmoxBackend("pve1", backend_settings(pve, template=None), pve_env)
     with pytest.raises(BackendError, match="import of debian12 into VM 100 failed: import failed: qemu-img"):
         b.publish_image(img)
     assert pve.vm_ids(include_templates=True) == [TEMPLATE_VMID]
     assert pve.volume_ids() == []  # neither the upload nor a half-imported disk
 
 
-def test_publish_without_the_upload_privilege_names_it(pve, tmp_path):
-    pve.add_token("lab@pve!noup", "noup-secret", acl={"/vms": {"VM.Audit", "VM.Allocate"},
-                                                      "/storage": {"Datastore.AllocateSpace"}})
-    b = ProxmoxBackend("pve1", backend_settings(pve, template=None, token="lab@pve!noup=noup-secret"))
+def test_publish_without_the_upload_privilege_names_it(pve, tmp_path, pve_env):
+    pve.add_token(
+        "lab@pve!noup",
+        "noup-secret",
+        acl={"/vms": {"VM.Audit", "VM.Allocate"}, "/storage": {"Datastore.AllocateSpace"}},
+    )
+    b = ProxmoxBackend("pve1", backend_settings(pve, template=None, token="lab@pve!noup=noup-secret"), pve_env)
     with pytest.raises(AuthError) as err:
         b.publish_image(image(tmp_path))
     assert "Permission check failed (/storage/local, Datastore.AllocateTemplate)" in str(err.value)
@@ -124,44 +139,55 @@ def test_publish_without_the_upload_privilege_names_it(pve, tmp_path):
 
 
 @pytest.mark.parametrize("pve", ["7.4"], indirect=True)
-def test_publish_on_74_needs_root_then_imports_by_path(pve, tmp_path):
+def test_publish_on_74_needs_root_then_imports_by_path(pve, tmp_path, pve_env):
     img = image(tmp_path)
     with pytest.raises(UsageError) as err:
-        ProxmoxBackend("pve1", backend_settings(pve, template=None)).publish_image(img)
-    assert "imports from an absolute path, which PVE allows only root@pam with a password, not lab@pve!lab" \
-        in str(err.value)
+        ProxmoxBackend("pve1", backend_settings(pve, template=None), pve_env).publish_image(img)
+    assert "imports from an absolute path, which PVE allows only root@pam with a password, not lab@pve!lab" in str(
+        err.value
+    )
     assert pve.volume_ids() == []
-    root = ProxmoxBackend("pve1", backend_settings(pve, template=None, token=None, user="root@pam",
-                                                   password="rootpass"))
+    root = ProxmoxBackend(
+        "pve1", backend_settings(pve, template=None, token=None, user="root@pam", password="rootpass"), pve_env
+    )
     assert root.publish_image(img) == "lab-debian12"
     uploads = [p for m, path, p in pve.requests if path.endswith("/upload")]
     assert [u["content"] for u in uploads] == ["iso"]
     create = [p for m, path, p in pve.requests if m == "POST" and path == "/nodes/pve1/qemu"][0]
-    assert create["scsi0"] == (f"local-lvm:0,import-from=/var/lib/vz/template/iso/"
-                               f"lab-debian12-{img.sha256[:12]}.img")
+    assert create["scsi0"] == (f"local-lvm:0,import-from=/var/lib/vz/template/iso/lab-debian12-{img.sha256[:12]}.img")
     assert pve.volume_ids() == []  # the iso upload went after the import
 
 
 # --- several nodes -----------------------------------------------------------------------------
 
-def test_nodes_need_shared_storage_or_their_own_template(pve):
-    b = ProxmoxBackend("pve1", backend_settings(pve, nodes=["pve1", "pve2"]))
+
+def test_nodes_need_shared_storage_or_their_own_template(pve, pve_env):
+    b = ProxmoxBackend("pve1", backend_settings(pve, nodes=["pve1", "pve2"]), pve_env)
+    b.check()
     with pytest.raises(UsageError) as err:
-        b.check()
-    assert "node pve2 has no template '9000' of its own" in str(err.value) \
-        or "is on local storage 'local-lvm'" in str(err.value)
-    bad = ProxmoxBackend("pve1", backend_settings(pve, nodes=["pve1", "pve7"], source="/etc/lab.toml"))
+        b.check_images([spec().image])
+    assert "node pve2 has no template '9000' of its own" in str(err.value) or "is on local storage 'local-lvm'" in str(
+        err.value
+    )
+    bad = ProxmoxBackend(
+        "pve1",
+        backend_settings(pve, nodes=["pve1", "pve7"]),
+        dataclasses.replace(default_env(), source="/etc/lab.toml"),
+    )
     with pytest.raises(UsageError) as err:
         bad.check()
-    assert str(err.value) == (f"/etc/lab.toml: hosts.pve1.nodes[1] = 'pve7': no such node in the cluster at "
-                              f"{pve.url}; its nodes: pve1, pve2")
+    assert str(err.value) == (
+        f"/etc/lab.toml: hosts.pve1.nodes[1] = 'pve7': no such node in the cluster at {pve.url}; its nodes: pve1, pve2"
+    )
     assert pve.vm_ids() == []
 
 
-def test_spread_places_clones_on_both_nodes_through_shared_storage(pve):
+def test_spread_places_clones_on_both_nodes_through_shared_storage(pve, pve_env):
     pve.add_storage("ceph", "rbd", {"images"}, shared=True)
-    pve.add_template(9001, "lab-debian12", storage="ceph")
-    b = ProxmoxBackend("pve1", backend_settings(pve, template=None, nodes=["pve1", "pve2"], placement="spread"))
+    pve.add_template(9001, "lab-debian12", storage="ceph", description=lab_template_description())
+    b = ProxmoxBackend(
+        "pve1", backend_settings(pve, template=None, nodes=["pve1", "pve2"], placement="spread"), pve_env
+    )
     b.check()
     img = spec().image
     b.check_images([img])
@@ -175,17 +201,16 @@ def test_spread_places_clones_on_both_nodes_through_shared_storage(pve):
         assert b.wait_ready(vm, timeout=10).startswith("10.99.")
     starts = [t for t in pve.tasks.values() if t.type == "qmstart"]
     assert sorted(t.node for t in starts) == ["pve1", "pve1", "pve2"]  # polled on the UPID's node
-    assert sorted(o.detail for o in b.list_owned()) == sorted(f"{vm.handle['node']}/{vm.handle['vmid']}"
-                                                              for vm in vms)
+    assert sorted(o.detail for o in b.list_owned()) == sorted(f"{vm.handle['node']}/{vm.handle['vmid']}" for vm in vms)
     for vm in vms:
         b.destroy(vm)
     no_leftovers(pve)
 
 
-def test_a_node_with_its_own_template_clones_locally_and_pack_skips_an_offline_node(pve):
-    pve.add_template(9002, "lab-debian12", node="pve2")
-    pve.add_template(9003, "lab-debian12", node="pve1")
-    b = ProxmoxBackend("pve1", backend_settings(pve, template=None, nodes=["pve1", "pve2"]))
+def test_a_node_with_its_own_template_clones_locally_and_pack_skips_an_offline_node(pve, pve_env):
+    pve.add_template(9002, "lab-debian12", node="pve2", description=lab_template_description())
+    pve.add_template(9003, "lab-debian12", node="pve1", description=lab_template_description())
+    b = ProxmoxBackend("pve1", backend_settings(pve, template=None, nodes=["pve1", "pve2"]), pve_env)
     b.check_images([spec().image])  # each node has its own template: no shared storage needed
     pve.offline_nodes.add("pve1")
     vm = b.clone(spec().image, spec())
@@ -204,15 +229,17 @@ def test_a_node_with_its_own_template_clones_locally_and_pack_skips_an_offline_n
 
 # --- pitfalls ----------------------------------------------------------------------------------
 
-def test_a_held_flock_fails_the_start_task_and_start_is_retried(pve):
+
+def test_a_held_flock_fails_the_start_task_and_start_is_retried(pve, pve_env):
     pve.flock_timeout = 0.1
-    b = ProxmoxBackend("pve1", backend_settings(pve))
+    b = ProxmoxBackend("pve1", backend_settings(pve), pve_env)
     vm = b.clone(spec().image, spec(ip="10.0.0.5"))
     pve.hold_flock(vm.handle["vmid"], 0.5)  # e.g. a backup job's `qm` holds it
     b.start(vm)
     failed = [t.exitstatus for t in pve.tasks.values() if t.type == "qmstart" and t.exitstatus != "OK"]
-    assert failed and set(failed) == {f"can't lock file '/var/lock/qemu-server/lock-{vm.handle['vmid']}.conf' "
-                                      "- got timeout"}
+    assert failed and set(failed) == {
+        f"can't lock file '/var/lock/qemu-server/lock-{vm.handle['vmid']}.conf' - got timeout"
+    }
     assert pve.vm(vm.handle["vmid"]).running
     pve.hold_flock(vm.handle["vmid"], 0.4)  # a sync config call waits for it, then fails the same way
     with pytest.raises(ResourceException, match="can't lock file"):
@@ -221,13 +248,31 @@ def test_a_held_flock_fails_the_start_task_and_start_is_retried(pve):
     no_leftovers(pve)
 
 
-def test_an_expired_ticket_is_renewed_once(pve, caplog):
+def test_an_expired_ticket_is_renewed_once(pve, caplog, pve_env):
     caplog.set_level(logging.DEBUG)
-    pve.add_user("lab@pve", "pa55word", acl={"/vms": {"VM.Audit", "VM.Clone", "VM.Allocate", "VM.PowerMgmt",
-                                                      "VM.Config.Network", "VM.Config.CPU", "VM.Config.Memory",
-                                                      "VM.Config.Cloudinit", "VM.Config.Options"},
-                                             "/storage": {"Datastore.AllocateSpace"}, "/nodes": {"Sys.Audit"}})
-    b = ProxmoxBackend("pve1", backend_settings(pve, token=None, user="lab@pve", password="pa55word"))
+    pve.add_user(
+        "lab@pve",
+        "pa55word",
+        acl={
+            "/vms": {
+                "VM.Audit",
+                "VM.Clone",
+                "VM.Allocate",
+                "VM.PowerMgmt",
+                "VM.Config.Network",
+                "VM.Config.CPU",
+                "VM.Config.Memory",
+                "VM.Config.Cloudinit",
+                "VM.Config.Options",
+                "VM.Config.Disk",
+                "VM.Monitor",
+            },
+            "/storage": {"Datastore.AllocateSpace"},
+            "/nodes": {"Sys.Audit"},
+            "/sdn": {"SDN.Use"},
+        },
+    )
+    b = ProxmoxBackend("pve1", backend_settings(pve, token=None, user="lab@pve", password="pa55word"), pve_env)
     b.check()
     pve.expire_tickets()
     vm = b.clone(spec().image, spec())
@@ -243,20 +288,35 @@ def test_an_expired_ticket_is_renewed_once(pve, caplog):
     no_leftovers(pve)
 
 
-def test_a_clone_call_that_times_out_still_leaves_nothing(pve):
-    """The node carries out a clone whose HTTP call we gave up on: it is found and destroyed."""
+def test_a_clone_call_that_times_out_is_adopted_once_its_task_ends(pve, pve_env):
+    """The node carries out a clone whose HTTP call we gave up on: the VM is found under its VMID by
+    the cell's marker, awaited until its clone task ends, and used; the clone is not sent twice."""
     pve.latency["POST /nodes/{node}/qemu/{vmid}/clone"] = 1.0
-    b = ProxmoxBackend("pve1", backend_settings(pve, timeouts={"http": 0.5, "destroy": 10, "clone": 10}))
-    with pytest.raises(UnreachableError, match=r"clone of template 9000: no answer from .* within 0.5 s"):
-        b.clone(spec().image, spec())
+    b = ProxmoxBackend("pve1", backend_settings(pve, timeouts={"http": 0.5, "destroy": 10, "clone": 10}), pve_env)
+    vm = b.clone(spec().image, spec())
+    assert [t.type for t in pve.tasks.values()] == ["qmclone"]
+    assert pve.vm(vm.handle["vmid"]).config["tags"] == "lab;lab-run-r1"  # configured after the adoption
+    b.destroy(vm)
     no_leftovers(pve)
-    tasks = list(pve.tasks.values())
-    assert tasks[0].type == "qmclone" and {t.type for t in tasks[1:]} == {"qmdestroy"}
-    assert tasks[-1].exitstatus == "OK"  # destroyed once the clone's lock was gone
 
 
-def test_ha_managed_vm_is_destroyed_with_purge(pve):
-    b = ProxmoxBackend("pve1", backend_settings(pve))
+def test_a_clone_whose_outcome_stays_unknown_leaves_nothing(pve, pve_env):
+    """The clone's answer is lost and its task fails later (PVE removes the VM): the clone is tried
+    again under a new VMID, and after the deadline nothing is left."""
+    pve.latency["POST /nodes/{node}/qemu/{vmid}/clone"] = 1.0
+    pve.fail_next("qmclone", "clone failed: out of space", count=10)
+    b = ProxmoxBackend(
+        "pve1", backend_settings(pve, timeouts={"http": 0.5, "destroy": 10, "clone": 4}, lock_retries=1), pve_env
+    )
+    with pytest.raises(HostUnreachable, match=r"clone of template 9000: no answer from .* within 0.5 s") as err:
+        b.clone(spec().image, spec())
+    assert err.value.exit_code == 1
+    no_leftovers(pve)
+    assert {t.type for t in pve.tasks.values()} == {"qmclone"}
+
+
+def test_ha_managed_vm_is_destroyed_with_purge(pve, pve_env):
+    b = ProxmoxBackend("pve1", backend_settings(pve), pve_env)
     vm = b.clone(spec().image, spec())
     pve.set_ha(vm.handle["vmid"])
     with pytest.raises(ResourceException, match="used in HA resources and purge parameter not set"):
@@ -265,24 +325,26 @@ def test_ha_managed_vm_is_destroyed_with_purge(pve):
     no_leftovers(pve)
 
 
-def test_requests_ca_bundle_does_not_override_ca_file(pve, tmp_path, monkeypatch):
+def test_requests_ca_bundle_does_not_override_ca_file(pve, tmp_path, monkeypatch, pve_env):
     _key, other = make_ca(tmp_path, "other-ca")
     monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(other))
-    ProxmoxBackend("pve1", backend_settings(pve)).check()  # verified against ca_file, per request
+    ProxmoxBackend("pve1", backend_settings(pve), pve_env).check()  # verified against ca_file, per request
 
 
-def test_vm_name_is_made_a_dns_name(pve):
-    b = ProxmoxBackend("pve1", backend_settings(pve))
+def test_vm_name_is_made_a_dns_name(pve, pve_env):
+    b = ProxmoxBackend("pve1", backend_settings(pve), pve_env)
     vm = b.clone(spec().image, spec(name="lab_r1__c1"))
     assert pve.vm(vm.handle["vmid"]).config["name"] == "lab-r1-c1"
     b.destroy(vm)
 
 
-def test_address_pool_hands_out_and_takes_back(pve):
-    b = ProxmoxBackend("pve1", backend_settings(pve, addresses="10.0.0.50-10.0.0.51", gateway="10.0.0.1"))
+def test_address_pool_hands_out_and_takes_back(pve, pve_env):
+    b = ProxmoxBackend("pve1", backend_settings(pve, addresses="10.0.0.50-10.0.0.51", gateway="10.0.0.1"), pve_env)
     one, two = b.clone(spec().image, spec(name="lab-r1-c1")), b.clone(spec().image, spec(name="lab-r1-c2"))
-    assert [pve.vm(v.handle["vmid"]).config["ipconfig0"] for v in (one, two)] == \
-        ["ip=10.0.0.50/24,gw=10.0.0.1", "ip=10.0.0.51/24,gw=10.0.0.1"]
+    assert [pve.vm(v.handle["vmid"]).config["ipconfig0"] for v in (one, two)] == [
+        "ip=10.0.0.50/24,gw=10.0.0.1",
+        "ip=10.0.0.51/24,gw=10.0.0.1",
+    ]
     with pytest.raises(BackendError, match="every address of `addresses` is in use"):
         b.clone(spec().image, spec(name="lab-r1-c3"))
     assert len(pve.vm_ids()) == 2  # the third clone was removed again
@@ -294,12 +356,12 @@ def test_address_pool_hands_out_and_takes_back(pve):
     no_leftovers(pve)
 
 
-def test_two_runs_with_one_address_pool_never_share_an_address(pve):
+def test_two_runs_with_one_address_pool_never_share_an_address(pve, pve_env):
     """Two `lab run`s (two backend objects: no shared memory) cloning at once from one pool: each
     sees the other's addresses in the cluster's ipconfig0, and the address lock on this machine
     keeps them from choosing at the same moment."""
     settings = backend_settings(pve, addresses="10.0.0.50-10.0.0.52", gateway="10.0.0.1")
-    runs = [ProxmoxBackend("pve1", settings), ProxmoxBackend("pve1", settings)]
+    runs = [ProxmoxBackend("pve1", settings, pve_env), ProxmoxBackend("pve1", settings, pve_env)]
     vms, errors = [], []
 
     def clone(b, name):
@@ -307,8 +369,10 @@ def test_two_runs_with_one_address_pool_never_share_an_address(pve):
             vms.append(b.clone(spec().image, spec(name=name, run_id=name.split("-")[1])))
         except BackendError as exc:
             errors.append(str(exc))
-    threads = [threading.Thread(target=clone, args=(b, f"lab-{r}-c{i}")) for i in (1, 2) for r, b in
-               zip(("ra", "rb"), runs)]
+
+    threads = [
+        threading.Thread(target=clone, args=(b, f"lab-{r}-c{i}")) for i in (1, 2) for r, b in zip(("ra", "rb"), runs)
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -334,17 +398,16 @@ def netns():
         proc.run(["ip", "netns", "del", name], check=False)
 
 
-def test_guest_without_agent_and_without_static_address_is_found_by_arp(pve, netns):
+def test_guest_without_agent_and_without_static_address_is_found_by_arp(pve, netns, pve_env):
     """A BSD guest without qemu-ga on DHCP: only the neighbour table knows its address."""
-    b = ProxmoxBackend("pve1", backend_settings(pve, guest_agent=False, client_netns=netns))
+    b = ProxmoxBackend("pve1", backend_settings(pve, guest_agent=False, client_netns=netns), pve_env)
     vm = b.clone(spec().image, spec())
     assert pve.vm(vm.handle["vmid"]).config["agent"] == "enabled=0"
     b.start(vm)
     with pytest.raises(Exception, match=r"no neighbour entry for MAC"):
         b.wait_ready(vm, timeout=0.5)
     dhcp = pve.vm(vm.handle["vmid"]).dhcp_ip
-    proc.run(["ip", "-n", netns, "neigh", "add", dhcp, "lladdr", vm.handle["mac"], "dev", "br0", "nud",
-              "permanent"])
+    proc.run(["ip", "-n", netns, "neigh", "add", dhcp, "lladdr", vm.handle["mac"], "dev", "br0", "nud", "permanent"])
     assert b.wait_ready(vm, timeout=5) == dhcp and vm.facts["address_source"] == "arp"
     assert not [p for m, path, p in pve.requests if "agent" in path]  # never asked a switched-off agent
     assert b.open_run("r1").argv(["iperf3", "-s"]) == ["ip", "netns", "exec", netns, "iperf3", "-s"]

@@ -20,12 +20,13 @@ from pathlib import Path
 import pytest
 from conftest import run_lab_cli
 from pve_emulator import PveEmulator
-from pve_emulator.fixtures import FULL_ACL, TOKEN_ID, TOKEN_SECRET, pve_certs_fixture  # noqa: F401
+from pve_emulator.fixtures import FULL_ACL, TOKEN_ID, TOKEN_SECRET, pve_certs_fixture, pve_env_fixture  # noqa: F401
 from pve_emulator.qemu import QemuBacking
 
 from lab import IMAGES_DIR, proc
 from lab.backends.local import QEMU
 from lab.backends.proxmox import ProxmoxBackend
+from lab.backends.proxmox.settings import Settings
 
 SUBNET = "10.98.4"
 
@@ -44,6 +45,16 @@ def node_netns():
         proc.run(["ip", "netns", "del", name], check=False)
 
 
+def pve_host_table(url: str, ca_file, netns: str) -> str:
+    """[hosts.pve] on the emulator's node pve1, its guests reached from the node's namespace."""
+    return (
+        f'[hosts.pve]\nbackend = "proxmox"\nurl = "{url}"\nnode = "pve1"\ntoken = "env:LAB_TEST_PVE_TOKEN"\n'
+        f'ca_file = "{ca_file}"\nstorage = "local-lvm"\nbridge = "vmbr0"\naddresses = "{SUBNET}.10-{SUBNET}.19"\n'
+        f'gateway = "{SUBNET}.1"\nclient_address = "{SUBNET}.1"\nclient_netns = "{netns}"\n'
+        "timeouts = { agent = 400, ready = 420 }\n"
+    )
+
+
 def _qemus_under(workdir: Path) -> list[int]:
     out = []
     for entry in Path("/proc").iterdir():
@@ -59,34 +70,30 @@ def _qemus_under(workdir: Path) -> list[int]:
 
 @pytest.mark.vm
 @pytest.mark.image
-def test_lab_run_against_the_emulator_end_to_end(golden, pve_certs, node_netns, tmp_path):
+def test_lab_run_against_the_emulator_end_to_end(golden, pve_certs, pve_env, node_netns, tmp_path, monkeypatch):
     workdir = Path(tempfile.mkdtemp(prefix="pveq", dir="/var/tmp"))
     backing = QemuBacking(golden, netns=node_netns, workdir=workdir, key=IMAGES_DIR / "lab_key", subnet=SUBNET)
     emu = PveEmulator("8.4", pve_certs, auth_delay=0.05, backing=backing)
     emu.add_token(TOKEN_ID, TOKEN_SECRET, acl=FULL_ACL)
     try:
         with emu:
-            settings = {"url": emu.url, "node": "pve1", "token": f"{TOKEN_ID}={TOKEN_SECRET}",
-                        "ca_file": str(pve_certs.ca_file), "storage": "local-lvm"}
+            monkeypatch.setenv("LAB_TEST_PVE_TOKEN", f"{TOKEN_ID}={TOKEN_SECRET}")
+            settings = Settings(
+                backend="proxmox",
+                url=emu.url,
+                node="pve1",
+                token="env:LAB_TEST_PVE_TOKEN",
+                ca_file=str(pve_certs.ca_file),
+                storage="local-lvm",
+            )
             t0 = time.monotonic()
-            assert ProxmoxBackend("pve", settings).publish_image(golden) == "lab-debian12"
+            assert ProxmoxBackend("pve", settings, pve_env).publish_image(golden) == "lab-debian12"
             publish_s = time.monotonic() - t0
-            (tmp_path / "lab.toml").write_text(textwrap.dedent(f"""
+            (tmp_path / "lab.toml").write_text(
+                textwrap.dedent(f"""
                 [lab]
-                results = "{tmp_path / 'results'}"
-                [hosts.pve]
-                backend = "proxmox"
-                url = "{emu.url}"
-                node = "pve1"
-                token = "env:LAB_TEST_PVE_TOKEN"
-                ca_file = "{pve_certs.ca_file}"
-                storage = "local-lvm"
-                bridge = "vmbr0"
-                addresses = "{SUBNET}.10-{SUBNET}.19"
-                gateway = "{SUBNET}.1"
-                client_address = "{SUBNET}.1"
-                client_netns = "{node_netns}"
-                timeouts = {{ agent = 400, ready = 420 }}
+                results = "{tmp_path / "results"}"
+                {pve_host_table(emu.url, pve_certs.ca_file, node_netns)}
                 [matrix]
                 host = ["pve"]
                 nic = ["e1000"]
@@ -100,13 +107,22 @@ def test_lab_run_against_the_emulator_end_to_end(golden, pve_certs, node_netns, 
                 time = 3
                 [suite.params.iperf3-tcp]
                 time = 3
-                """))
+                """)
+            )
             t0 = time.monotonic()
-            res = run_lab_cli("run", "-c", str(tmp_path / "lab.toml"), cwd=tmp_path, timeout=900,
-                              env={"LAB_TEST_PVE_TOKEN": f"{TOKEN_ID}={TOKEN_SECRET}"})
+            res = run_lab_cli(
+                "run",
+                "-c",
+                str(tmp_path / "lab.toml"),
+                cwd=tmp_path,
+                timeout=900,
+                env={"LAB_TEST_PVE_TOKEN": f"{TOKEN_ID}={TOKEN_SECRET}"},
+            )
             run_s = time.monotonic() - t0
-            print(f"publish {publish_s:.1f} s (upload + import + template of {golden.path.stat().st_size >> 20} MiB), "
-                  f"lab run {run_s:.1f} s")
+            print(
+                f"publish {publish_s:.1f} s (upload + import + template of {golden.path.stat().st_size >> 20} MiB), "
+                f"lab run {run_s:.1f} s"
+            )
             assert res.returncode == 0, res.stderr[-3000:]
             assert TOKEN_SECRET not in res.stdout + res.stderr
             shown = run_lab_cli("show", "--json", "-c", str(tmp_path / "lab.toml"), cwd=tmp_path)
@@ -115,6 +131,7 @@ def test_lab_run_against_the_emulator_end_to_end(golden, pve_certs, node_netns, 
             assert cell["status"] == "done", cell
             facts = cell["facts"] if isinstance(cell["facts"], dict) else json.loads(cell["facts"])
             assert facts["address_source"] == "agent" and facts["node"] == "pve1"
+            assert facts["disk_bus"] == "virtio"  # the template's scsi0, booted from virtio0
             assert facts["verified"]["nic_driver"] == "e1000" and facts["verified"]["vcpus"] == 1
             metrics = {(s["workload"], s["metric"]) for s in doc["samples"]}
             assert any(w == "sysbench-cpu" and m.startswith("events_per_s") for w, m in metrics), metrics
@@ -122,6 +139,7 @@ def test_lab_run_against_the_emulator_end_to_end(golden, pve_certs, node_netns, 
             # the guest was configured from ipconfig0 and answered the agent from the real guest
             clones = [p for m, path, p in emu.requests if m == "PUT" and path.endswith("/config")]
             assert clones and clones[0]["ipconfig0"] == f"ip={SUBNET}.10/24,gw={SUBNET}.1"
+            assert clones[0]["delete"] == "scsi0" and clones[0]["boot"] == "order=virtio0"
             assert TOKEN_SECRET not in json.dumps(doc)
             # nothing left: VMs, volumes, QEMU, taps, files
             assert emu.vm_ids() == [] and emu.guests() == []

@@ -9,16 +9,15 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import LAB, leftovers, run_lab_cli, write_lab
 
 from lab import config, gc, runlock
 from lab.errors import TeardownError, UsageError
 from lab.model import Owned
 from lab.runlock import RunLock, RunLocks, run_lock_path
-from lab.runner import _resumable
+from lab.runner import resumable
 from lab.store import Store
 from lab.wait import wait_until
-
-from conftest import LAB, leftovers, run_lab_cli, write_lab
 
 SUITE = """
 workloads = ["sysbench-cpu"]
@@ -34,8 +33,9 @@ threads = [1]
 @pytest.mark.image
 def test_resume_after_kill_9_reruns_only_unfinished_cells(golden, workdir, tmp_path):
     cfg = write_lab(tmp_path, workdir, matrix='nic = ["virtio", "e1000"]\n', suite=SUITE)
-    p = subprocess.Popen([*LAB, "run", "-c", str(cfg)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                         start_new_session=True)
+    p = subprocess.Popen(
+        [*LAB, "run", "-c", str(cfg)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
     results = tmp_path / "results"
 
     def c02_started():
@@ -67,7 +67,7 @@ def test_resume_after_kill_9_reruns_only_unfinished_cells(golden, workdir, tmp_p
     assert after == before, "a finished cell must not be run again"
     assert {s.repetition for s in store.samples(run_id) if s.cell_id == "c02"} == {0, 1, 2}
     assert store.run(run_id).status == "done"
-    assert store.open_leases() == [] or all(l["run_id"] != run_id for l in store.open_leases())
+    assert store.open_leases() == [] or all(lease["run_id"] != run_id for lease in store.open_leases())
     assert leftovers(workdir, run_id) == []
 
 
@@ -75,8 +75,10 @@ def test_resume_after_kill_9_reruns_only_unfinished_cells(golden, workdir, tmp_p
 @pytest.mark.image
 def test_two_labs_at_once_do_not_collide(golden, workdir, tmp_path):
     cfg = write_lab(tmp_path, workdir, matrix='nic = ["virtio"]\n', suite=SUITE)
-    procs = [subprocess.Popen([*LAB, "run", "-c", str(cfg)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                              text=True) for _ in range(2)]
+    procs = [
+        subprocess.Popen([*LAB, "run", "-c", str(cfg)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
     errs = [p.communicate(timeout=900)[1] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], errs
     store = Store(tmp_path / "results")
@@ -89,22 +91,24 @@ def test_two_labs_at_once_do_not_collide(golden, workdir, tmp_path):
 
 def test_resume_refuses_changed_images(tmp_path):
     store = Store(tmp_path)
-    manifest = {"images": {"debian12": {"digest": "aaa", "tools": {"sysbench": "1.0.20"}}},
-                "workloads": {"sysbench-cpu": {"time": 1}}}
+    manifest = {
+        "images": {"debian12": {"digest": "aaa", "tools": {"sysbench": "1.0.20"}}},
+        "workloads": {"sysbench-cpu": {"time": 1}},
+    }
     store.create_run("r1", "t", config_path="", config_text="", seed=3, lab_version="0", manifest=manifest)
     cfg = config.LabConfig.model_validate({"matrix": {"nic": ["virtio"]}})
     from lab import plan
 
     cells = plan.cells(cfg)
     store.add_cell("r1", "c01", 1, cells[0].label, cells[0].axes())
-    assert _resumable(store, "r1", cells, manifest)[:2] == ("r1", 3)
+    assert resumable(store, "r1", cells, manifest)[:2] == ("r1", 3)
     changed = json.loads(json.dumps(manifest))
     changed["images"]["debian12"]["digest"] = "bbb"
     with pytest.raises(UsageError, match="image debian12 changed"):
-        _resumable(store, "r1", cells, changed)
+        resumable(store, "r1", cells, changed)
     two = plan.cells(config.LabConfig.model_validate({"matrix": {"nic": ["virtio", "e1000"]}}))
     with pytest.raises(UsageError, match="matrix changed"):
-        _resumable(store, "r1", two, manifest)
+        resumable(store, "r1", two, manifest)
 
 
 class _Remote:
@@ -112,14 +116,23 @@ class _Remote:
 
     name = "remote"
 
-    def __init__(self, items):
-        self.items, self.removed = items, []
+    def __init__(self, items, warm=()):
+        self.items, self.removed, self.warm = items, [], list(warm)
 
     def list_owned(self):
         return self.items
 
+    def warm_snapshots(self):
+        return list(self.warm)
+
+    def remove_warm(self, item):
+        self.removed.append(item.name)
+
     def remove_owned(self, item):
         self.removed.append(item.name)
+
+    def run_is_live(self, run_id):
+        return None  # a run of another machine: this one cannot tell
 
 
 def test_gc_on_remote_hosts_removes_only_expired_leases_unless_forced(tmp_path):
@@ -132,6 +145,26 @@ def test_gc_on_remote_hosts_removes_only_expired_leases_unless_forced(tmp_path):
     b = _Remote(items)
     gc.collect(cfg, backends={"pve": b}, now=now, force=True)
     assert b.removed == ["lab-a-c01", "lab-b-c01"]
+
+
+def test_gc_removes_warm_snapshots_of_image_builds_that_are_gone(tmp_path, monkeypatch):
+    """A warm snapshot is no run's: it stays while its image build is this machine's, and goes
+    (dry run: would go) once that build is rebuilt or removed."""
+    from lab import images
+    from lab.model import ImageRef
+
+    cfg = config.LabConfig.model_validate({"lab": {"results": str(tmp_path)}})
+    built = ImageRef("debian12", "debian", tmp_path / "d.qcow2", digest="d" * 64, sha256="s" * 64)
+    monkeypatch.setattr(images, "list_images", lambda images_dir=None: [built])
+    warm = [
+        Owned("remote", "warm", "lab-warm-current", "", detail="s" * 64),
+        Owned("remote", "warm", "lab-warm-old", "", detail="o" * 64),
+    ]
+    b = _Remote([], warm)
+    report = gc.collect(cfg, backends={"pve": b}, dry_run=True)
+    assert b.removed == [] and "would remove pve warm lab-warm-old (its image build is gone)" in report.lines
+    report = gc.collect(cfg, backends={"pve": b})
+    assert b.removed == ["lab-warm-old"] and report.removed == 1 and not report.errors
 
 
 def _store_with_run(results, run_id: str) -> Store:
@@ -153,9 +186,13 @@ def test_gc_removes_remote_vms_of_a_dead_run_of_this_store_before_expiry(tmp_pat
     lock.acquire("test")
     try:
         later = time.time() + 3600
-        b = _Remote([Owned("remote", "vm", "lab-dead-c01", "dead", later),
-                     Owned("remote", "vm", "lab-alive-c01", "alive", later),
-                     Owned("remote", "vm", "lab-other-c01", "other", later)])  # another machine's run
+        b = _Remote(
+            [
+                Owned("remote", "vm", "lab-dead-c01", "dead", later),
+                Owned("remote", "vm", "lab-alive-c01", "alive", later),
+                Owned("remote", "vm", "lab-other-c01", "other", later),
+            ]
+        )  # another machine's run
         report = gc.collect(cfg, backends={"pve": b})
         assert b.removed == ["lab-dead-c01"] and report.kept == 2
         # the killed run reads failed, with one line saying how to go on; the live one is untouched
@@ -234,7 +271,12 @@ def test_gc_removes_run_locks_of_dead_runs_once_nothing_else_of_theirs_remains(t
 
     try:
         later = time.time() + 3600
-        b = Stuck([Owned("remote", "vm", "lab-gone-c01", "gone", later), Owned("remote", "vm", "lab-stuck-c01", "stuck", later)])
+        b = Stuck(
+            [
+                Owned("remote", "vm", "lab-gone-c01", "gone", later),
+                Owned("remote", "vm", "lab-stuck-c01", "stuck", later),
+            ]
+        )
         b.name = "remote"
         report = gc.collect(cfg, backends={"h": b})
         assert b.removed == ["lab-gone-c01", "remote-h@gone.lock"], report.lines

@@ -15,15 +15,13 @@ import subprocess
 import sys
 import time
 from html.parser import HTMLParser
-from pathlib import Path
 
 import pytest
+from conftest import chromium_render
 
 from lab import report, stats
 from lab.model import RawOutput, Sample
 from lab.store import Store
-
-from conftest import chromium_render
 
 HOSTILE = '<script>alert("toml")</script>'
 CONFIG_A = f"""[lab]
@@ -36,40 +34,84 @@ nic = ["virtio", "e1000"]   # a < b && c > d
 CONFIG_B = CONFIG_A.replace("virtio", "virtio") + "\n[suite]\nrepetitions = 5\n"
 
 MANIFEST = {
-    "images": {"debian12": {"digest": "d" * 64, "sha256": "5" * 64,
-                            "tools": {"iperf3": "iperf 3.12", "sysbench": "sysbench 1.0.20"}}},
+    "images": {
+        "debian12": {
+            "digest": "d" * 64,
+            "sha256": "5" * 64,
+            "tools": {"iperf3": "iperf 3.12", "sysbench": "sysbench 1.0.20"},
+        }
+    },
     "workloads": {"iperf3-tcp": {"time": 3, "directions": ["tx", "rx"]}, "sysbench-memory": {"time": 2}},
     "order": ["c01", "c02"],
     "backends": {"local": {"accel": "tcg", "qemu": "7.2.22"}},
 }
 
-AXES = {"virtio": {"host": "local", "image": "debian12", "nic": "virtio", "vcpus": 2, "memory_mib": 1024,
-                   "disk_bus": "virtio", "clone": "linked", "tuning": "default"}}
+AXES = {
+    "virtio": {
+        "host": "local",
+        "image": "debian12",
+        "nic": "virtio",
+        "vcpus": 2,
+        "memory_mib": 1024,
+        "disk_bus": "virtio",
+        "clone": "linked",
+        "tuning": "default",
+    }
+}
 AXES["e1000"] = {**AXES["virtio"], "nic": "e1000"}
 LABEL = {nic: f"local/debian12/{nic}/2c/1024m/virtio/linked/default" for nic in AXES}
 
 # (run, nic) -> per-repetition values; 5 repetitions so the exact test can reach p < 0.05.
-THROUGHPUT_TX = {("run-a", "virtio"): [2300, 2310, 2290, 2305, 2295], ("run-a", "e1000"): [300, 305, 298, 302, 301],
-                 ("run-b", "virtio"): [2600, 2610, 2590, 2605, 2620]}  # B better
-MEMORY = {("run-a", "virtio"): [290, 291, 289, 292, 290], ("run-a", "e1000"): [99, 100, 98, 101, 99],
-          ("run-b", "virtio"): [250, 251, 249, 252, 250]}  # B worse
-HTTP = {("run-a", "virtio"): [900, 905, 899, 902, 901], ("run-a", "e1000"): [1048, 1050, 1047, 1049, 1046],
-        ("run-b", "virtio"): [901, 903, 900, 904, 899]}
+THROUGHPUT_TX = {
+    ("run-a", "virtio"): [2300, 2310, 2290, 2305, 2295],
+    ("run-a", "e1000"): [300, 305, 298, 302, 301],
+    ("run-b", "virtio"): [2600, 2610, 2590, 2605, 2620],
+}  # B better
+MEMORY = {
+    ("run-a", "virtio"): [290, 291, 289, 292, 290],
+    ("run-a", "e1000"): [99, 100, 98, 101, 99],
+    ("run-b", "virtio"): [250, 251, 249, 252, 250],
+}  # B worse
+HTTP = {
+    ("run-a", "virtio"): [900, 905, 899, 902, 901],
+    ("run-a", "e1000"): [1048, 1050, 1047, 1049, 1046],
+    ("run-b", "virtio"): [901, 903, 900, 904, 899],
+}
 
 
 def _cell_facts(nic: str) -> dict:
-    return {"accel": "tcg", "boot_seconds": 15.34 if nic == "virtio" else 19.34, "clone": "linked",
-            "image_digest": "d" * 64,
-            "tuning": {"profile": "default", "applicable": True, "reason": "",
-                       "effective": {"net.ipv4.tcp_congestion_control": "cubic"}},
-            "verified": {"kernel": "Linux 6.1.0-56-amd64", "mem_kib": 983624,
-                         "nic_driver": "virtio_net" if nic == "virtio" else "e1000", "vcpus": 2}}
+    return {
+        "accel": "tcg",
+        "boot_seconds": 15.34 if nic == "virtio" else 19.34,
+        "clone": "linked",
+        "image_digest": "d" * 64,
+        "tuning": {
+            "profile": "default",
+            "applicable": True,
+            "reason": "",
+            "effective": {"net.ipv4.tcp_congestion_control": "cubic"},
+        },
+        "verified": {
+            "kernel": "Linux 6.1.0-56-amd64",
+            "mem_kib": 983624,
+            "nic_driver": "virtio_net" if nic == "virtio" else "e1000",
+            "vcpus": 2,
+        },
+    }
 
 
 def _host(kernel: str, microcode: str) -> dict:
-    return {"host": "local", "backend": "local", "cpu_model": "Intel(R) Xeon(R) Processor", "cores": 2,
-            "kernel": kernel, "microcode": microcode, "mitigations": {"retbleed": "Vulnerable"},
-            "virt_flags": ["hypervisor"], "kvm_device": True}
+    return {
+        "host": "local",
+        "backend": "local",
+        "cpu_model": "Intel(R) Xeon(R) Processor",
+        "cores": 2,
+        "kernel": kernel,
+        "microcode": microcode,
+        "mitigations": {"retbleed": "Vulnerable"},
+        "virt_flags": ["hypervisor"],
+        "kvm_device": True,
+    }
 
 
 def _samples(store: Store, run: str, cell: str, nic: str) -> None:
@@ -78,40 +120,75 @@ def _samples(store: Store, run: str, cell: str, nic: str) -> None:
         rid = store.add_raw(run, cell, rep, raw)
         lab = {"nic": nic, "repetition": rep}
         tx = THROUGHPUT_TX[(run, nic)][rep]
-        store.add_samples(run, cell, rid, "iperf3-tcp", rep, [
-            Sample("throughput_mbit_s_tx", tx, "Mbit/s", True, lab),
-            Sample("throughput_mbit_s_rx", tx * 0.9, "Mbit/s", True, lab),
-            Sample("cpu_busy_pct_tx", 50 + rep, "%", False, lab),
-            Sample("cpu_busy_pct_rx", 60 + rep, "%", False, lab),
-            Sample("cpu_busy_pct", 55 + rep, "%", False, lab),
-            Sample("cpu_sys_pct_tx", 40 + rep, "%", None, lab),
-        ])
-        store.add_samples(run, cell, None, "sysbench-memory", rep, [
-            Sample("throughput_mib_s", MEMORY[(run, nic)][rep], "MiB/s", True, lab),
-            Sample("cpu_busy_pct", 45 + rep, "%", False, lab),
-        ])
+        store.add_samples(
+            run,
+            cell,
+            rid,
+            "iperf3-tcp",
+            rep,
+            [
+                Sample("throughput_mbit_s_tx", tx, "Mbit/s", True, lab),
+                Sample("throughput_mbit_s_rx", tx * 0.9, "Mbit/s", True, lab),
+                Sample("cpu_busy_pct_tx", 50 + rep, "%", False, lab),
+                Sample("cpu_busy_pct_rx", 60 + rep, "%", False, lab),
+                Sample("cpu_busy_pct", 55 + rep, "%", False, lab),
+                Sample("cpu_sys_pct_tx", 40 + rep, "%", None, lab),
+            ],
+        )
+        store.add_samples(
+            run,
+            cell,
+            None,
+            "sysbench-memory",
+            rep,
+            [
+                Sample("throughput_mib_s", MEMORY[(run, nic)][rep], "MiB/s", True, lab),
+                Sample("cpu_busy_pct", 45 + rep, "%", False, lab),
+            ],
+        )
         flagged = {**lab, "flagged": 1} if rep == 2 and run == "run-a" and nic == "e1000" else lab
-        store.add_samples(run, cell, None, "http", rep, [
-            Sample("requests_per_s_c10", HTTP[(run, nic)][rep], "req/s", True, flagged),
-            Sample("errors_c10", 3 if flagged is not lab else 0, "count", False, flagged),
-            Sample("cpu_busy_pct_c10", 80 + rep, "%", False, flagged),
-        ])
+        store.add_samples(
+            run,
+            cell,
+            None,
+            "http",
+            rep,
+            [
+                Sample("requests_per_s_c10", HTTP[(run, nic)][rep], "req/s", True, flagged),
+                Sample("errors_c10", 3 if flagged is not lab else 0, "count", False, flagged),
+                Sample("cpu_busy_pct_c10", 80 + rep, "%", False, flagged),
+            ],
+        )
 
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory) -> Store:
     s = Store(tmp_path_factory.mktemp("report") / "results")
-    for run, text, kernel, mc in (("run-a", CONFIG_A, "6.1.0-56-amd64", "0x1"),
-                                  ("run-b", CONFIG_B, "6.12.9-amd64", "0x2")):
-        s.create_run(run, f"nic {HOSTILE}", config_path="/srv/lab/lab.toml", config_text=text, seed=7,
-                     lab_version="0.1.0", manifest=MANIFEST)
+    for run, text, kernel, mc in (
+        ("run-a", CONFIG_A, "6.1.0-56-amd64", "0x1"),
+        ("run-b", CONFIG_B, "6.12.9-amd64", "0x2"),
+    ):
+        s.create_run(
+            run,
+            f"nic {HOSTILE}",
+            config_path="/srv/lab/lab.toml",
+            config_text=text,
+            seed=7,
+            lab_version="0.1.0",
+            manifest=MANIFEST,
+        )
         s.add_host_facts(run, "local", f"fp-{run}", _host(kernel, mc))
         for idx, nic in enumerate(("virtio", "e1000"), start=1):
             cell = f"c{idx:02d}"
             s.add_cell(run, cell, idx, LABEL[nic], AXES[nic])
             if run == "run-b" and nic == "e1000":
-                s.cell_update(run, cell, status="failed", stage="boot",
-                              error="no LAB-READY on the serial console within 300 s <tail: 'kernel panic'>")
+                s.cell_update(
+                    run,
+                    cell,
+                    status="failed",
+                    stage="boot",
+                    error="no LAB-READY on the serial console within 300 s <tail: 'kernel panic'>",
+                )
                 continue
             s.cell_update(run, cell, status="done", stage="workloads", facts=_cell_facts(nic))
             _samples(s, run, cell, nic)
@@ -132,8 +209,13 @@ def versus(store) -> str:
 
 # -- text checks -------------------------------------------------------------------------------------
 
-CHARTED = {("iperf3-tcp", "throughput_mbit_s_tx"), ("iperf3-tcp", "throughput_mbit_s_rx"),
-           ("sysbench-memory", "throughput_mib_s"), ("http", "requests_per_s_c10"), ("http", "errors_c10")}
+CHARTED = {
+    ("iperf3-tcp", "throughput_mbit_s_tx"),
+    ("iperf3-tcp", "throughput_mbit_s_rx"),
+    ("sysbench-memory", "throughput_mib_s"),
+    ("http", "requests_per_s_c10"),
+    ("http", "errors_c10"),
+}
 
 
 def _figures(page: str) -> dict[str, str]:
@@ -166,8 +248,11 @@ def test_results_table_has_median_ci_cv_n_cpu_and_flags(single):
     for col in ("median", "95 % CI", "min–max", "CV", "n", "CPU busy %"):
         assert f">{col}</th>" in by_wl["sysbench-memory"]
     s = stats.summarize(MEMORY[("run-a", "virtio")], seed=7)
-    row = re.search(r"<tr[^>]*>\s*<td[^>]*>virtio</td>\s*<td><span class=\"mono\">throughput_mib_s</span>(.*?)</tr>",
-                    by_wl["sysbench-memory"], re.S).group(1)
+    row = re.search(
+        r"<tr[^>]*>\s*<td[^>]*>virtio</td>\s*<td><span class=\"mono\">throughput_mib_s</span>(.*?)</tr>",
+        by_wl["sysbench-memory"],
+        re.S,
+    ).group(1)
     cells = [html.unescape(c) for c in re.findall(r'<td class="num">(.*?)</td>', row, re.S)]
     assert cells[0].startswith(report.fmt(s.median))
     assert cells[1] == f"{report.fmt(s.ci_low)} – {report.fmt(s.ci_high)}"
@@ -206,17 +291,32 @@ def test_comparison_table_verdicts_and_missing(versus):
 def test_failed_cells_with_stage_and_error(versus):
     failed = re.search(r'<section class="alert" id="failed">(.*?)</section>', versus, re.S).group(1)
     assert ">boot<" in failed
-    assert html.escape("no LAB-READY on the serial console within 300 s <tail: 'kernel panic'>", quote=False) \
-        .replace("'", "&#39;") in failed
+    assert (
+        html.escape("no LAB-READY on the serial console within 300 s <tail: 'kernel panic'>", quote=False).replace(
+            "'", "&#39;"
+        )
+        in failed
+    )
     # the chart says why the failed cell has no bar
-    assert ">failed</text>" in _figures(versus)["chart-iperf3-tcp-throughput_mbit_s_tx"] or \
-        "failed" in _figures(versus)["chart-iperf3-tcp-throughput_mbit_s_tx"]
+    assert (
+        ">failed</text>" in _figures(versus)["chart-iperf3-tcp-throughput_mbit_s_tx"]
+        or "failed" in _figures(versus)["chart-iperf3-tcp-throughput_mbit_s_tx"]
+    )
 
 
 def test_cell_facts_and_hosts(single, versus):
     cells = single.split('id="cells"')[1].split('id="hosts"')[0]
-    for text in ("tcg", "virtio_net", "e1000", "15.34", "19.34", "961 MiB", "asked 1024 MiB",
-                 "net.ipv4.tcp_congestion_control = cubic", "Linux 6.1.0-56-amd64"):
+    for text in (
+        "tcg",
+        "virtio_net",
+        "e1000",
+        "15.34",
+        "19.34",
+        "961 MiB",
+        "asked 1024 MiB",
+        "net.ipv4.tcp_congestion_control = cubic",
+        "Linux 6.1.0-56-amd64",
+    ):
         assert text in cells, text
     hosts = versus.split('id="hosts"')[1].split('id="manifest"')[0]
     diff_rows = re.findall(r'<tr class="diff"><td class="mono">([^<]+)</td>', hosts)
@@ -244,7 +344,9 @@ def test_html_special_characters_are_escaped(which, request):
 @pytest.mark.parametrize("which", ["single", "versus"])
 def test_self_contained(which, request):
     page = request.getfixturevalue(which)
-    assert "http://" not in page and "https://" not in page and "//" not in re.sub(r"<pre.*?</pre>", "", page, flags=re.S)
+    assert (
+        "http://" not in page and "https://" not in page and "//" not in re.sub(r"<pre.*?</pre>", "", page, flags=re.S)
+    )
     refs = re.findall(r"""\b(?:src|href|xlink:href|action|data)\s*=\s*["']?([^"'\s>]+)""", page)
     assert refs and all(r.startswith("#") for r in refs), [r for r in refs if not r.startswith("#")]
     assert "@import" not in page
@@ -253,18 +355,27 @@ def test_self_contained(which, request):
 
 
 def test_cli_writes_default_path_next_to_store(store):
-    out = subprocess.run([sys.executable, "-m", "lab", "report", "run-a", "--vs", "run-b",
-                          "--results", str(store.dir)], capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "lab", "report", "run-a", "--vs", "run-b", "--results", str(store.dir)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     path = store.dir / "report-run-a-vs-run-b.html"
     assert out.stdout.strip() == str(path)
     assert path.read_text().startswith("<!DOCTYPE html>")
-    bad = subprocess.run([sys.executable, "-m", "lab", "report", "nope", "--results", str(store.dir)],
-                         capture_output=True, text=True, timeout=120)
+    bad = subprocess.run(
+        [sys.executable, "-m", "lab", "report", "nope", "--results", str(store.dir)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert bad.returncode == 2 and "no run 'nope'" in bad.stderr
 
 
 # -- a real browser --------------------------------------------------------------------------------
+
 
 class _Dom(HTMLParser):
     def __init__(self):
@@ -316,15 +427,31 @@ def test_chromium_renders_it(store, tmp_path):
     figures = len(_figures(page.read_text()))
     assert dom.count.get("figure") == figures == len(CHARTED)
     assert dom.svg_in_figure == figures
-    assert {"comparison", "compare-table", "compare-cells", "failed", "charts", "results", "cells", "hosts",
-            "manifest"} <= dom.ids
+    assert {
+        "comparison",
+        "compare-table",
+        "compare-cells",
+        "failed",
+        "charts",
+        "results",
+        "cells",
+        "hosts",
+        "manifest",
+    } <= dom.ids
     assert dom.count.get("script", 0) == 0
 
 
 def test_a_run_without_samples_or_hosts_still_renders(tmp_path):
     s = Store(tmp_path / "results")
-    s.create_run("run-c", "empty", config_path="lab.toml", config_text="not [valid toml", seed=None,
-                 lab_version="0.1.0", manifest={})
+    s.create_run(
+        "run-c",
+        "empty",
+        config_path="lab.toml",
+        config_text="not [valid toml",
+        seed=None,
+        lab_version="0.1.0",
+        manifest={},
+    )
     s.add_cell("run-c", "c01", 1, LABEL["virtio"], AXES["virtio"])
     s.cell_update("run-c", "c01", status="failed", stage="clone", error="disk full")
     page = report.render(s, "run-c")

@@ -20,8 +20,14 @@ def feed(tally: schedule.Tally, s: config.SuiteSection, values, *, metric="throu
     for v in values:
         if tally.stopped:
             break
-        tally.add([Sample(metric, float(v), "Mbit/s", True), Sample("cpu_busy_pct", 50.0, "%", False),
-                   Sample("latency_ms", float(v) * 3, "ms", False)], seconds)
+        tally.add(
+            [
+                Sample(metric, float(v), "Mbit/s", True),
+                Sample("cpu_busy_pct", 50.0, "%", False),
+                Sample("latency_ms", float(v) * 3, "ms", False),
+            ],
+            seconds,
+        )
         tally.update(s, seed=seed)
     return tally
 
@@ -58,8 +64,12 @@ def test_adaptive_budgets():
     by_count = feed(schedule.Tally(), suite(repetitions=3, target_ci_pct=1.0, max_repetitions=7), noisy)
     assert by_count.n == 7 and by_count.reason.startswith("budget: 7 repetitions"), by_count.reason
     assert "throughput" in by_count.reason
-    by_time = feed(schedule.Tally(), suite(repetitions=3, target_ci_pct=1.0, max_repetitions=100, max_seconds=10),
-                   noisy, seconds=2.5)
+    by_time = feed(
+        schedule.Tally(),
+        suite(repetitions=3, target_ci_pct=1.0, max_repetitions=100, max_seconds=10),
+        noisy,
+        seconds=2.5,
+    )
     assert by_time.n == 4 and by_time.reason.startswith("budget: 10 s"), by_time.reason
 
 
@@ -94,9 +104,18 @@ def test_flagged_repetitions_do_not_steer():
 
 def test_outcome_describe_planned_skipped():
     s = suite(order="interleaved", repetitions=4, repetitions_per_boot=2, target_ci_pct=3, max_repetitions=9)
-    assert schedule.describe(s, 7) == {"order": "interleaved", "seed": 7, "repetitions": 4, "warmup": 1,
-                                       "repetitions_per_boot": 2, "target_ci_pct": 3.0, "max_repetitions": 9,
-                                       "max_seconds": None}
+    assert schedule.describe(s, 7) == {
+        "order": "interleaved",
+        "seed": 7,
+        "repetitions": 4,
+        "warmup": 1,
+        "repetitions_per_boot": 2,
+        "target_ci_pct": 3.0,
+        "max_repetitions": 9,
+        "max_seconds": None,
+        "foreign_load_pct": 10.0,
+        "quiet": {"seconds": 2.0, "timeout_s": 30.0},
+    }
     assert schedule.planned(s) == "4-9" and schedule.planned(suite(repetitions=5)) == "5"
     t = schedule.Tally()
     t.stop("skipped: nginx is not installed")
@@ -107,6 +126,7 @@ def test_outcome_describe_planned_skipped():
 
 
 # --- units and rounds --------------------------------------------------------------------------------
+
 
 def test_units_twin_and_bare_metal():
     cfg = config.parse({"matrix": {"nic": ["virtio", "e1000"]}, "suite": {"noise_floor": True, "bare_metal": True}})
@@ -149,13 +169,35 @@ def test_round_order_is_seeded_per_round_and_balanced():
 
 
 @pytest.mark.parametrize("order, boots", [("sequential", 1), ("interleaved", 3)])
-def test_estimate_counts_boots_and_warmups(order, boots):
-    from lab import runner
+def test_estimate_counts_boots_and_warmups(order, boots, monkeypatch):
+    monkeypatch.delenv("LAB_QUIET_HOST", raising=False)  # the product's default: the local host waits
+    from lab import estimate, runner
 
     extra = {"repetitions_per_boot": 1} if order == "interleaved" else {}
-    cfg = config.parse({"suite": {"workloads": ["sysbench-cpu"], "repetitions": 3, "warmup": 1, "order": order,
-                                  "bare_metal": True, "params": {"sysbench-cpu": {"time": 1}}, **extra}})
+    cfg = config.parse(
+        {
+            "suite": {
+                "workloads": ["sysbench-cpu"],
+                "repetitions": 3,
+                "warmup": 1,
+                "order": order,
+                "bare_metal": True,
+                "params": {"sysbench-cpu": {"time": 1}},
+                **extra,
+            }
+        }
+    )
     units = plan.units(cfg)
-    per_rep = runner.estimate_seconds(cfg, units[1:]) / (3 + 1 * boots)  # the bare-metal cell: no boot
-    assert runner.estimate_seconds(cfg, units[:1]) == pytest.approx(boots * runner.BOOT_ESTIMATE_S
-                                                                    + (3 + boots) * per_rep)
+    rep = estimate.default_repetition("sysbench-cpu", runner.workload_params(cfg, "sysbench-cpu"))
+    # each boot: the fixed stages, the prepare and the warm-up; the 3 repetitions over all boots,
+    # each after the least wait for a quiet host (the local host is this machine: quiet_host "wait");
+    # and once per host, the run's own set-up
+    measured = 3 * (rep + cfg.suite.quiet_seconds)
+    assert runner.estimate_seconds(cfg, units[:1]) == pytest.approx(
+        boots * (runner.BOOT_ESTIMATE_S + estimate.PREPARE_DEFAULT_S + rep) + measured + estimate.RUN_OVERHEAD_DEFAULT_S
+    )
+    assert runner.estimate_seconds(cfg, units[1:]) == pytest.approx(  # the bare-metal cell: no VM to boot
+        boots * (sum(estimate.BARE_METAL_DEFAULTS_S.values()) + estimate.PREPARE_DEFAULT_S + rep)
+        + measured
+        + estimate.RUN_OVERHEAD_DEFAULT_S
+    )

@@ -28,11 +28,12 @@ def test_round_trip_run_cells_raw_samples(tmp_path):
     s.create_run("r1", "t", config_path="lab.toml", config_text="x", seed=7, lab_version="0", manifest={"a": 1})
     s.add_cell("r1", "c01", 1, "local/debian12/virtio", {"nic": "virtio"})
     lease = s.add_lease("r1", "c01", "local", "local", "lab-r1-c01", time.time() + 60)
-    assert [l["vm_name"] for l in s.open_leases()] == ["lab-r1-c01"]
+    assert [lease["vm_name"] for lease in s.open_leases()] == ["lab-r1-c01"]
     raw = RawOutput("sysbench-cpu", "sysbench cpu run", "events per second: 100.5", params={"time": 1})
     rid = s.add_raw("r1", "c01", 0, raw)
-    s.add_samples("r1", "c01", rid, "sysbench-cpu", 0,
-                  [Sample("events_per_s", 100.5, "events/s", True, {"nic": "virtio"})])
+    s.add_samples(
+        "r1", "c01", rid, "sysbench-cpu", 0, [Sample("events_per_s", 100.5, "events/s", True, {"nic": "virtio"})]
+    )
     s.release_lease(lease)
     s.cell_update("r1", "c01", status="done", stage="workloads", facts={"accel": "tcg"}, finished=True)
     s.finish_run("r1", "done")
@@ -42,8 +43,12 @@ def test_round_trip_run_cells_raw_samples(tmp_path):
     (cell,) = s.cells("r1")
     assert cell.status == "done" and cell.facts == {"accel": "tcg"}
     (sample,) = s.samples("r1")
-    assert (sample.metric, sample.value, sample.higher_is_better, sample.labels) == \
-        ("events_per_s", 100.5, True, {"nic": "virtio"})
+    assert (sample.metric, sample.value, sample.higher_is_better, sample.labels) == (
+        "events_per_s",
+        100.5,
+        True,
+        {"nic": "virtio"},
+    )
     ((_, cell_id, rep, back),) = list(s.raw_outputs("r1"))
     assert back.stdout == raw.stdout and back.params == {"time": 1} and rep == 0
 
@@ -51,7 +56,7 @@ def test_round_trip_run_cells_raw_samples(tmp_path):
 def test_kill_9_mid_write_keeps_every_committed_sample(tmp_path):
     writer = textwrap.dedent(f"""
         import sys, time
-        sys.path.insert(0, {str(__import__('lab').PROJECT_ROOT)!r})
+        sys.path.insert(0, {str(__import__("lab").PROJECT_ROOT)!r})
         from lab.store import Store
         from lab.model import Sample
         s = Store(__import__('pathlib').Path({str(tmp_path)!r}))
@@ -81,3 +86,27 @@ def test_kill_9_mid_write_keeps_every_committed_sample(tmp_path):
         counts[x.repetition] = counts.get(x.repetition, 0) + 1
     assert set(counts.values()) == {5}
     assert sqlite3.connect(s.path).execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+
+
+def test_two_processes_opening_a_new_store_at_once_both_get_it(tmp_path):
+    """`lab show` polling while `lab run` creates the store: one migrates, the other waits for it
+    and finds the schema in place (it used to fail with "table runs already exists")."""
+    import subprocess
+    import sys
+    import time
+
+    opener = (
+        "import sys, time\nfrom lab.store import Store\n"
+        "while time.time() < float(sys.argv[2]): pass\n"  # start together
+        "Store(__import__('pathlib').Path(sys.argv[1])).runs()\n"
+    )
+    for attempt in range(5):
+        where = tmp_path / f"r{attempt}"
+        start = time.time() + 1.0
+        procs = [
+            subprocess.Popen([sys.executable, "-c", opener, str(where), str(start)], stderr=subprocess.PIPE, text=True)
+            for _ in range(4)
+        ]
+        for p in procs:
+            _, err = p.communicate(timeout=60)
+            assert p.returncode == 0, err

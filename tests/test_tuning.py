@@ -7,12 +7,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from conftest import lab_cli
 
 from lab import config, osfacts, plan, tuning, wan
-from lab.config import WanProfile, parse_offloads
-from lab.errors import ConfigError
-
-from conftest import run_lab_cli
+from lab.tuning import parse_offloads
+from lab.wan import WanProfile
 
 DATA = Path(__file__).parent / "data" / "tuning"
 EXAMPLES = sorted((Path(__file__).parent.parent / "examples").glob("*.toml"))
@@ -20,20 +19,37 @@ EXAMPLES = sorted((Path(__file__).parent.parent / "examples").glob("*.toml"))
 
 def test_wan16m_templates_carry_the_studies_values():
     assert tuning.render("debian", "wan-16m") == {
-        "net.core.rmem_max": "16777216", "net.core.wmem_max": "16777216",
-        "net.ipv4.tcp_rmem": "4096 4194304 16777216", "net.ipv4.tcp_wmem": "4096 4194304 16777216",
-        "net.ipv4.tcp_moderate_rcvbuf": "1", "net.ipv4.tcp_congestion_control": "bbr"}
+        "net.core.rmem_max": "16777216",
+        "net.core.wmem_max": "16777216",
+        "net.ipv4.tcp_rmem": "4096 4194304 16777216",
+        "net.ipv4.tcp_wmem": "4096 4194304 16777216",
+        "net.ipv4.tcp_moderate_rcvbuf": "1",
+        "net.ipv4.tcp_congestion_control": "bbr",
+    }
     assert tuning.render("alpine", "wan-16m") == tuning.render("debian", "wan-16m")
     assert tuning.render("freebsd", "wan-16m") == {
-        "kern.ipc.maxsockbuf": "16777216", "net.inet.tcp.recvspace": "4194304", "net.inet.tcp.sendspace": "4194304",
-        "net.inet.tcp.recvbuf_auto": "1", "net.inet.tcp.sendbuf_auto": "1", "net.inet.tcp.recvbuf_max": "16777216",
-        "net.inet.tcp.sendbuf_max": "16777216", "net.inet.tcp.sendbuf_inc": "65536",
-        "net.inet.tcp.functions_default": "bbr"}
+        "kern.ipc.maxsockbuf": "16777216",
+        "net.inet.tcp.recvspace": "4194304",
+        "net.inet.tcp.sendspace": "4194304",
+        "net.inet.tcp.recvbuf_auto": "1",
+        "net.inet.tcp.sendbuf_auto": "1",
+        "net.inet.tcp.recvbuf_max": "16777216",
+        "net.inet.tcp.sendbuf_max": "16777216",
+        "net.inet.tcp.sendbuf_inc": "65536",
+        "net.inet.tcp.functions_default": "bbr",
+    }
     assert tuning.render("netbsd", "wan-16m") == {
-        "kern.sbmax": "16777216", "net.inet.tcp.recvspace": "4194384", "net.inet.tcp.sendspace": "4194384",
-        "net.inet.tcp.recvbuf_auto": "1", "net.inet.tcp.sendbuf_auto": "1", "net.inet.tcp.recvbuf_max": "16777216",
-        "net.inet.tcp.sendbuf_max": "16777216", "net.inet.tcp.recvbuf_inc": "262144",
-        "net.inet.tcp.sendbuf_inc": "262144", "net.inet.tcp.congctl.selected": "cubic"}
+        "kern.sbmax": "16777216",
+        "net.inet.tcp.recvspace": "4194384",
+        "net.inet.tcp.sendspace": "4194384",
+        "net.inet.tcp.recvbuf_auto": "1",
+        "net.inet.tcp.sendbuf_auto": "1",
+        "net.inet.tcp.recvbuf_max": "16777216",
+        "net.inet.tcp.sendbuf_max": "16777216",
+        "net.inet.tcp.recvbuf_inc": "262144",
+        "net.inet.tcp.sendbuf_inc": "262144",
+        "net.inet.tcp.congctl.selected": "cubic",
+    }
     assert tuning.render("openbsd", "wan-16m") is None  # OpenBSD autotunes: the profile is n/a
     assert tuning.render("openbsd", "default") == {}
 
@@ -65,11 +81,13 @@ def test_parse_ethtool_k_virtio_and_e1000():
 
 
 def test_parse_ifconfig_offloads_freebsd():
-    text = ("vtnet0: flags=1008843<UP,BROADCAST,RUNNING,SIMPLEX,MULTICAST,LOWER_UP> metric 0 mtu 1500\n"
-            "\toptions=4c079b<RXCSUM,TXCSUM,VLAN_MTU,VLAN_HWTAGGING,VLAN_HWCSUM,TSO4,TSO6,LRO,VLAN_HWTSO,"
-            "LINKSTATE,TXCSUM_IPV6>\n"
-            "\tcapabilities=4c07bb<RXCSUM,TXCSUM,VLAN_MTU,JUMBO_MTU,VLAN_HWTAGGING,VLAN_HWCSUM,TSO4,TSO6,LRO,"
-            "VLAN_HWTSO,LINKSTATE,TXCSUM_IPV6>\n")
+    text = (
+        "vtnet0: flags=1008843<UP,BROADCAST,RUNNING,SIMPLEX,MULTICAST,LOWER_UP> metric 0 mtu 1500\n"
+        "\toptions=4c079b<RXCSUM,TXCSUM,VLAN_MTU,VLAN_HWTAGGING,VLAN_HWCSUM,TSO4,TSO6,LRO,VLAN_HWTSO,"
+        "LINKSTATE,TXCSUM_IPV6>\n"
+        "\tcapabilities=4c07bb<RXCSUM,TXCSUM,VLAN_MTU,JUMBO_MTU,VLAN_HWTAGGING,VLAN_HWCSUM,TSO4,TSO6,LRO,"
+        "VLAN_HWTSO,LINKSTATE,TXCSUM_IPV6>\n"
+    )
     assert tuning.parse_ifconfig_offloads(text) == {"lro": (True, False), "tso": (True, False)}
     off = text.replace("TSO4,TSO6,LRO,VLAN_HWTSO,LINKSTATE", "VLAN_HWTSO,LINKSTATE", 1)
     assert tuning.parse_ifconfig_offloads(off) == {"lro": (False, False), "tso": (False, False)}
@@ -86,8 +104,17 @@ def test_parse_tc_qdisc_and_netem_in_effect():
 
 
 def test_netem_args():
-    assert wan.netem_args(WanProfile(delay_ms=50, jitter_ms=5, loss_pct=0.5, rate_mbit=100)) == \
-        ["limit", str(wan.NETEM_LIMIT), "delay", "50ms", "5ms", "loss", "0.5%", "rate", "100mbit"]
+    assert wan.netem_args(WanProfile(delay_ms=50, jitter_ms=5, loss_pct=0.5, rate_mbit=100)) == [
+        "limit",
+        str(wan.NETEM_LIMIT),
+        "delay",
+        "50ms",
+        "5ms",
+        "loss",
+        "0.5%",
+        "rate",
+        "100mbit",
+    ]
     assert wan.netem_args(WanProfile(delay_ms=150)) == ["limit", str(wan.NETEM_LIMIT), "delay", "150ms"]
     assert WanProfile().is_null and not WanProfile(loss_pct=0.1).is_null
 
@@ -105,8 +132,9 @@ def _cfg(matrix: dict, wan_: dict | None = None, **extra):
 
 
 def test_equivalent_cells_at_plan_time():
-    cfg = _cfg({"cc": ["default", "cubic", "bbr"], "wan": ["none", "zero", "rtt50"]},
-               {"zero": {}, "rtt50": {"delay_ms": 50}})
+    cfg = _cfg(
+        {"cc": ["default", "cubic", "bbr"], "wan": ["none", "zero", "rtt50"]}, {"zero": {}, "rtt50": {"delay_ms": 50}}
+    )
     cells = plan.cells(cfg)
     by = {(c.cc, c.wan): c.id for c in cells}
     dups = plan.equivalents(cfg, cells)
@@ -121,8 +149,10 @@ def test_equivalent_cells_at_plan_time():
     cfg = _cfg({"tuning": ["default", "wan-16m"], "cc": ["default", "bbr", "cubic"]})
     cells = plan.cells(cfg)
     by = {(c.tuning, c.cc): c.id for c in cells}
-    assert plan.equivalents(cfg, cells) == {by[("default", "cubic")]: by[("default", "default")],
-                                            by[("wan-16m", "bbr")]: by[("wan-16m", "default")]}
+    assert plan.equivalents(cfg, cells) == {
+        by[("default", "cubic")]: by[("default", "default")],
+        by[("wan-16m", "bbr")]: by[("wan-16m", "default")],
+    }
     # the A/A twin is meant to repeat its cell: never a duplicate
     cfg = _cfg({"nic": ["virtio", "e1000"]}, suite={"noise_floor": True})
     assert plan.equivalents(cfg, plan.units(cfg)) == {}
@@ -138,15 +168,15 @@ def test_network_axes_in_labels_only_when_set():
 
 
 def test_wan_on_a_remote_linux_guest_goes_in_the_guest():
-    where, why = wan.place("proxmox", osfacts.facts("debian"))
-    assert where == "guest" and "proxmox" in why
-    assert wan.place("libvirt", osfacts.facts("freebsd"))[0] == ""
+    where, why = wan.place(False, "Proxmox VE", osfacts.facts("debian"))
+    assert where == "guest" and "Proxmox VE" in why
+    assert wan.place(False, "libvirt/bhyve", osfacts.facts("freebsd"))[0] == ""
 
 
 def test_lab_plan_reports_duplicates(tmp_path):
     path = tmp_path / "lab.toml"
     path.write_text('[wan.flat]\ndelay_ms = 0\n[matrix]\ncc = ["default", "cubic"]\nwan = ["none", "flat"]\n')
-    res = run_lab_cli("plan", "-c", str(path), cwd=tmp_path, timeout=120)
+    res = lab_cli("plan", "-c", str(path), cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     assert "c02 is the same effective configuration as c01" in res.stdout
     assert "c03 is the same effective configuration as c01" in res.stdout
@@ -156,14 +186,16 @@ def test_lab_plan_reports_duplicates(tmp_path):
 
 
 def test_examples_exist():
-    assert {p.stem for p in EXAMPLES} >= {"nic-shootout", "wan-tcp", "lro"}
+    assert {p.stem for p in EXAMPLES} >= {"nic-shootout", "wan-tcp", "lro", "isolation"}
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
 def test_example_loads_and_plans(path, tmp_path):
     cfg = config.load(path)
     cells = plan.units(cfg)
-    axes = {k: {str(c.axes().get(k)) for c in cells if c.kind == "vm"} for k in ("nic", "tuning", "cc", "wan", "offloads")}
+    axes = {
+        k: {str(c.axes().get(k)) for c in cells if c.kind == "vm"} for k in ("nic", "tuning", "cc", "wan", "offloads")
+    }
     if path.stem == "nic-shootout":
         assert axes["nic"] == {"virtio", "e1000"} and axes["tuning"] == {"default", "wan-16m"}
     elif path.stem == "wan-tcp":
@@ -173,8 +205,15 @@ def test_example_loads_and_plans(path, tmp_path):
         assert min(delays) == 50 and max(delays) == 150 and losses == {0.0, 1.0}
     elif path.stem == "lro":
         assert axes["offloads"] == {"lro=on", "lro=off"}
+    elif path.stem == "isolation":
+        assert [(c.id, str(c.isolation)) for c in cells] == [
+            ("c01", "vm"),
+            ("c02", "container"),
+            ("bm01", "vm"),
+            ("bm02", "container"),
+        ]
     assert plan.equivalents(cfg, cells) == {}  # every example cell measures something different
-    res = run_lab_cli("plan", "-c", str(path), cwd=tmp_path, timeout=120)
+    res = lab_cli("plan", "-c", str(path), cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == [], "lab plan created something"
 

@@ -14,27 +14,29 @@ from __future__ import annotations
 import time
 
 import pytest
+from conftest import leftovers, local_run, run_lab_cli, write_lab
 
 from lab import osfacts, proc, tuning, wan
 from lab.backends import local
-from lab.config import WanProfile
 from lab.guest import Guest
 from lab.model import CloneKind, NicModel, VmSpec
 from lab.store import Store
+from lab.wan import WanProfile
 from lab.workloads import WorkloadContext
 from lab.workloads.iperf3 import Iperf3Tcp
-
-from conftest import leftovers, local_run, run_lab_cli, write_lab
 
 pytestmark = [pytest.mark.vm, pytest.mark.image]
 
 # TCP connect() returns after SYN -> SYN-ACK: one round trip, measured from the client's namespace
 # (the least of 9: a busy 2-core host only ever adds to it).
-RTT_PY = ("import socket,sys,time\n"
-          "out=[]\n"
-          "for _ in range(9):\n"
-          "    s=socket.socket(); t=time.perf_counter(); s.connect((sys.argv[1],22)); out.append(time.perf_counter()-t); s.close()\n"
-          "print(min(out)*1000)\n")
+RTT_PY = (
+    "import socket,sys,time\n"
+    "out=[]\n"
+    "for _ in range(9):\n"
+    "    s=socket.socket(); t=time.perf_counter(); s.connect((sys.argv[1],22));"
+    " out.append(time.perf_counter()-t); s.close()\n"
+    "print(min(out)*1000)\n"
+)
 
 
 def tcp_rtt_ms(netns: str, address: str) -> float:
@@ -43,8 +45,14 @@ def tcp_rtt_ms(netns: str, address: str) -> float:
 
 def iperf3_mbit(guest, client, address: str) -> float:
     wl = Iperf3Tcp()
-    ctx = WorkloadContext(guest=guest, client=client, os="debian", vcpus=2, guest_address=address,
-                          params={**wl.defaults, "time": 5, "directions": ["tx"]})
+    ctx = WorkloadContext(
+        guest=guest,
+        client=client,
+        os="debian",
+        vcpus=2,
+        guest_address=address,
+        params={**wl.defaults, "time": 5, "directions": ["tx"]},
+    )
     samples = wl.parse(wl.run(ctx, 0))
     return next(s.value for s in samples if s.metric == "throughput_mbit_s_tx")
 
@@ -55,8 +63,17 @@ def test_knobs_read_back_in_one_guest(golden, workdir):
     facts = osfacts.facts("debian")
     with local_run(workdir) as made:
         backend, run_id, client = made["backend"], made["run_id"], made["client"]
-        spec = VmSpec(name=f"lab-{run_id}-c01", run_id=run_id, cell_id="c01", image=golden, nic=NicModel.VIRTIO,
-                      vcpus=2, memory_mib=1024, clone=CloneKind.LINKED, expires_at=time.time() + 900)
+        spec = VmSpec(
+            name=f"lab-{run_id}-c01",
+            run_id=run_id,
+            cell_id="c01",
+            image=golden,
+            nic=NicModel.VIRTIO,
+            vcpus=2,
+            memory_mib=1024,
+            clone=CloneKind.LINKED,
+            expires_at=time.time() + 900,
+        )
         vm = made["vm"] = backend.clone(golden, spec)
         backend.start(vm)
         address = backend.wait_ready(vm)
@@ -71,18 +88,22 @@ def test_knobs_read_back_in_one_guest(golden, workdir):
 
             # 50 ms of netem where the lab puts it on this machine, read back, then removed
             # (first, with the guest as it booted: the same settings as the 0 ms baseline)
-            where, _why = wan.place("local", facts)
-            em = (wan.Emulation(WanProfile(delay_ms=50), where, dev=vm.handle["tap"], netns=vm.handle["netns"])
-                  if where == "lab" else wan.Emulation(WanProfile(delay_ms=50), where, guest=guest, facts=facts,
-                                                       dev="eth0"))
+            where, _why = wan.place(True, "local QEMU", facts)  # the local backend reaches the tap
+            em = (
+                wan.Emulation(WanProfile(delay_ms=50), where, dev=vm.handle["tap"], netns=vm.handle["netns"])
+                if where == "lab"
+                else wan.Emulation(WanProfile(delay_ms=50), where, guest=guest, facts=facts, dev="eth0")
+            )
             state = em.apply()
             assert state["netem"] == {"delay_ms": 50.0, "jitter_ms": 0.0, "loss_pct": 0.0, "rate_mbit": 0.0}
             rtt50 = tcp_rtt_ms(client.netns, address)
             mbit50 = iperf3_mbit(guest, client, address)
             em.remove()
             assert wan.netem_in_effect(wan.parse_tc_qdisc(em.show())) is None
-            print(f"\nnetem at {where}: TCP connect RTT {rtt0:.2f} ms -> {rtt50:.2f} ms; "
-                  f"iperf3 1 stream tx {mbit0:.0f} -> {mbit50:.0f} Mbit/s")
+            print(
+                f"\nnetem at {where}: TCP connect RTT {rtt0:.2f} ms -> {rtt50:.2f} ms; "
+                f"iperf3 1 stream tx {mbit0:.0f} -> {mbit50:.0f} Mbit/s"
+            )
             assert 45 <= rtt50 - rtt0 <= 70
             assert mbit50 < 0.6 * mbit0
 
@@ -115,22 +136,28 @@ def test_knobs_read_back_in_one_guest(golden, workdir):
 
 @pytest.mark.timeout(1500)
 def test_lab_run_records_knobs_and_duplicates(golden, tmp_path, workdir):
-    lab = write_lab(tmp_path, workdir, extra="""
+    lab = write_lab(
+        tmp_path,
+        workdir,
+        extra="""
         [wan.rtt50]
         delay_ms = 50
-        """, matrix="""
+        """,
+        matrix="""
         tuning = ["wan-16m"]
         cc = ["default", "bbr"]
         offloads = ["tso=off", "tso=off,lro=off"]
         wan = ["rtt50"]
         exclude = [{ cc = "bbr", offloads = "tso=off,lro=off" }]
-        """, suite="""
+        """,
+        suite="""
         workloads = ["sysbench-cpu"]
         repetitions = 1
         warmup = 0
         [suite.params.sysbench-cpu]
         time = 2
-        """)
+        """,
+    )
     planned = run_lab_cli("plan", "-c", str(lab), cwd=tmp_path, timeout=120)
     assert planned.returncode == 0, planned.stderr
     # wan-16m sets bbr itself: cc=bbr is the same configuration, known before booting

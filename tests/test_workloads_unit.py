@@ -21,8 +21,7 @@ import pytest
 from lab import proc
 from lab.errors import LabError, UsageError
 from lab.wait import wait_until
-from lab.workloads import WORKLOADS, WorkloadContext, load_all
-from lab.workloads import cpu, http, iperf3, sysbench
+from lab.workloads import WORKLOADS, WorkloadContext, cpu, http, iperf3, load_all, sysbench, toolkit
 
 DATA = Path(__file__).parent / "data"
 
@@ -59,8 +58,14 @@ class LocalGuest:
 
 
 def ctx(workload_params=None, *, guest=None, client=None, os="debian", vcpus=2, guest_address="10.77.0.10"):
-    return WorkloadContext(guest=guest, client=client or FakeClient(), os=os, vcpus=vcpus,
-                           params=dict(workload_params or {}), guest_address=guest_address)
+    return WorkloadContext(
+        guest=guest,
+        client=client or FakeClient(),
+        os=os,
+        vcpus=vcpus,
+        params=dict(workload_params or {}),
+        guest_address=guest_address,
+    )
 
 
 def test_registry_names():
@@ -68,6 +73,19 @@ def test_registry_names():
     for name in ("sysbench-cpu", "sysbench-memory", "iperf3-tcp", "iperf3-udp", "http", "https"):
         assert WORKLOADS[name].name == name
         assert isinstance(WORKLOADS[name].defaults, dict)
+
+
+def test_every_registered_workload_has_the_whole_seam():
+    # The Workload protocol (params, prepare, run, parse, name, defaults), which the config and
+    # the runner call without asking; the toolkit modules register nothing.
+    for name, wl in load_all().items():
+        assert wl.name == name and isinstance(wl.defaults, dict)
+        for method in ("params", "prepare", "run", "parse"):
+            assert callable(getattr(wl, method)), (name, method)
+    assert not any(
+        type(wl).__module__.rsplit(".", 1)[-1] in ("cpu", "toolkit", "containers", "gitrepo")
+        for wl in WORKLOADS.values()
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -96,9 +114,11 @@ def test_sysbench_cpu_bad_threads(threads):
 
 def test_sysbench_memory_command():
     assert sysbench.SYSBENCH_MEMORY.command(ctx()) == (
-        "sysbench memory --memory-block-size=1K --memory-oper=write --memory-total-size=0 --threads=1 --time=10 run")
-    assert sysbench.SYSBENCH_MEMORY.command(ctx({"block_size": "1M", "operation": "read", "time": 5, "threads": 2})) == (
-        "sysbench memory --memory-block-size=1M --memory-oper=read --memory-total-size=0 --threads=2 --time=5 run")
+        "sysbench memory --memory-block-size=1K --memory-oper=write --memory-total-size=0 --threads=1 --time=10 run"
+    )
+    assert sysbench.SYSBENCH_MEMORY.command(
+        ctx({"block_size": "1M", "operation": "read", "time": 5, "threads": 2})
+    ) == ("sysbench memory --memory-block-size=1M --memory-oper=read --memory-total-size=0 --threads=2 --time=5 run")
 
 
 @pytest.mark.parametrize("params", [{"block_size": "1KB"}, {"operation": "copy"}, {"time": 0}, {"threads": "2"}])
@@ -110,21 +130,41 @@ def test_sysbench_memory_bad_params(params):
 def test_iperf3_tcp_commands():
     cmds = iperf3.IPERF3_TCP.commands(ctx({"streams": 4, "time": 5}))
     assert cmds == [
-        ("tx", ["iperf3", "-s", "-1", "-B", "10.77.0.1", "-p", "5201", "--forceflush"],
-         "iperf3 -c 10.77.0.1 -p 5201 -J -t 5 -P 4"),
-        ("rx", ["iperf3", "-s", "-1", "-B", "10.77.0.1", "-p", "5201", "--forceflush"],
-         "iperf3 -c 10.77.0.1 -p 5201 -J -t 5 -P 4 -R"),
+        (
+            "tx",
+            ["iperf3", "-s", "-1", "-B", "10.77.0.1", "-p", "5201", "--forceflush"],
+            "iperf3 -c 10.77.0.1 -p 5201 -J -t 5 -P 4",
+        ),
+        (
+            "rx",
+            ["iperf3", "-s", "-1", "-B", "10.77.0.1", "-p", "5201", "--forceflush"],
+            "iperf3 -c 10.77.0.1 -p 5201 -J -t 5 -P 4 -R",
+        ),
     ]
 
 
 def test_iperf3_udp_commands():
     cmds = iperf3.IPERF3_UDP.commands(ctx({"bitrate": "1G", "directions": ["rx"], "port": 5301}))
-    assert cmds == [("rx", ["iperf3", "-s", "-1", "-B", "10.77.0.1", "-p", "5301", "--forceflush"],
-                     "iperf3 -c 10.77.0.1 -p 5301 -J -t 10 -P 1 -u -b 1G -R")]
+    assert cmds == [
+        (
+            "rx",
+            ["iperf3", "-s", "-1", "-B", "10.77.0.1", "-p", "5301", "--forceflush"],
+            "iperf3 -c 10.77.0.1 -p 5301 -J -t 10 -P 1 -u -b 1G -R",
+        )
+    ]
 
 
-@pytest.mark.parametrize("params", [{"directions": ["up"]}, {"directions": []}, {"directions": ["tx", "tx"]},
-                                    {"streams": 0}, {"port": 70000}, {"time": "long"}])
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"directions": ["up"]},
+        {"directions": []},
+        {"directions": ["tx", "tx"]},
+        {"streams": 0},
+        {"port": 70000},
+        {"time": "long"},
+    ],
+)
 def test_iperf3_bad_params(params):
     with pytest.raises(UsageError, match="iperf3-tcp"):
         iperf3.IPERF3_TCP.commands(ctx(params))
@@ -140,8 +180,9 @@ def test_http_commands():
     assert cmds == [("c2", ["wrk", "-t2", "-c2", "-d3s", "--latency", "https://[fd00::5]/1m.bin"])]
 
 
-@pytest.mark.parametrize("params", [{"connections": []}, {"connections": [0]}, {"path": "index.html"},
-                                    {"path": "/a b"}, {"duration": 0}])
+@pytest.mark.parametrize(
+    "params", [{"connections": []}, {"connections": [0]}, {"path": "index.html"}, {"path": "/a b"}, {"duration": 0}]
+)
 def test_http_bad_params(params):
     with pytest.raises(UsageError, match="http"):
         http.HTTP.commands(ctx(params))
@@ -156,8 +197,10 @@ def test_guest_script_shape():
     s = cpu.guest_script("sysbench cpu run", "sysctl -n kern.cp_time")
     assert s.startswith("sh -c '")
     inner = shlex.split(s)[2]
-    assert inner == ("echo @@lab-cpu-before@@; sysctl -n kern.cp_time; echo @@lab-load@@; sysbench cpu run; "
-                     "rc=$?; echo @@lab-cpu-after@@; sysctl -n kern.cp_time; echo @@lab-rc=$rc@@; exit $rc")
+    assert inner == (
+        "echo @@lab-cpu-before@@; sysctl -n kern.cp_time; echo @@lab-load@@; sysbench cpu run; "
+        "rc=$?; echo @@lab-cpu-after@@; sysctl -n kern.cp_time; echo @@lab-rc=$rc@@; exit $rc"
+    )
 
 
 def test_guest_script_runs_and_keeps_exit_status():
@@ -171,19 +214,22 @@ def test_guest_script_runs_and_keeps_exit_status():
 
 
 def _wrapped(load_text: str, before: str, after: str, rc: int = 0) -> str:
-    return (f"@@lab-cpu-before@@\n{before}\n@@lab-load@@\n{load_text}"
-            f"@@lab-cpu-after@@\n{after}\n@@lab-rc={rc}@@\n")
+    return f"@@lab-cpu-before@@\n{before}\n@@lab-load@@\n{load_text}@@lab-cpu-after@@\n{after}\n@@lab-rc={rc}@@\n"
 
 
 def test_sysbench_cpu_run_with_scripted_guest_uses_os_ticks_command():
     t1 = (DATA / "sysbench/linux-1.0.20-cpu-t1.txt").read_text()
     t2 = (DATA / "sysbench/freebsd-constructed-1.0.20-cpu-t2.txt").read_text()
-    g = ScriptedGuest([("--threads=1", _wrapped(t1, "100 0 50 10 840", "300 0 70 10 1020"), 0),
-                       ("--threads=2", _wrapped(t2, "300 0 70 10 1020", "700 0 70 10 1020"), 0)])
+    g = ScriptedGuest(
+        [
+            ("--threads=1", _wrapped(t1, "100 0 50 10 840", "300 0 70 10 1020"), 0),
+            ("--threads=2", _wrapped(t2, "300 0 70 10 1020", "700 0 70 10 1020"), 0),
+        ]
+    )
     c = ctx({"time": 2}, guest=g, os="freebsd", vcpus=2)
     raw = sysbench.SYSBENCH_CPU.run(c, repetition=3)
     assert all("sysctl -n kern.cp_time" in cmd for cmd in g.commands)
-    assert [cpu.split_segments(raw.stdout)[i][0] for i in (0, 1)] == ["1t", "nt"]
+    assert [toolkit.split_segments(raw.stdout)[i][0] for i in (0, 1)] == ["1t", "nt"]
     assert raw.extra["cpu_before"] == "100 0 50 10 840" and raw.extra["cpu_after"] == "700 0 70 10 1020"
     assert raw.params["vcpus"] == 2 and raw.params["repetition"] == 3 and raw.returncode == 0
     m = {s.metric: s for s in sysbench.SYSBENCH_CPU.parse(raw)}
@@ -284,12 +330,15 @@ def test_loopback_iperf3_guest_failure_leaves_no_server():
 def http_server(tmp_path):
     (tmp_path / "index.html").write_text("<html>lab</html>\n")
     port = _free_port()
-    p = proc.spawn([sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1",
-                    "--directory", str(tmp_path)])
+    p = proc.spawn(
+        [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1", "--directory", str(tmp_path)]
+    )
     try:
+
         def up() -> bool:
             with socket.socket() as s:
                 return s.connect_ex(("127.0.0.1", port)) == 0
+
         wait_until(up, timeout=10, what="python http.server")
         yield port
     finally:
@@ -305,10 +354,17 @@ def test_loopback_http_run_and_parse(http_server):
         def argv(self, argv):
             return [a.replace("http://127.0.0.1/", f"http://127.0.0.1:{http_server}/") for a in argv]
 
-    c = ctx({"connections": [2], "duration": 1, "threads": 1}, guest=LocalGuest(), client=PortClient("127.0.0.1"),
-            guest_address="127.0.0.1")
-    c.guest.run = lambda command, **kw: (proc.Result(["sh"], 0, "/usr/sbin/nginx\n", "", 0.0)
-                                        if "command -v" in command else LocalGuest().run(command, **kw))
+    c = ctx(
+        {"connections": [2], "duration": 1, "threads": 1},
+        guest=LocalGuest(),
+        client=PortClient("127.0.0.1"),
+        guest_address="127.0.0.1",
+    )
+    c.guest.run = lambda command, **kw: (
+        proc.Result(["sh"], 0, "/usr/sbin/nginx\n", "", 0.0)
+        if "command -v" in command
+        else LocalGuest().run(command, **kw)
+    )
     http.HTTP.prepare(c)
     raw = http.HTTP.run(c, 0)
     m = {s.metric: s for s in http.HTTP.parse(raw)}
@@ -324,8 +380,12 @@ def test_loopback_http_prepare_refuses_404(http_server):
         def argv(self, argv):
             return [a.replace("http://127.0.0.1/", f"http://127.0.0.1:{http_server}/") for a in argv]
 
-    c = ctx({"path": "/missing"}, guest=ScriptedGuest([("command -v nginx", "/usr/sbin/nginx\n", 0)]),
-            client=PortClient("127.0.0.1"), guest_address="127.0.0.1")
+    c = ctx(
+        {"path": "/missing"},
+        guest=ScriptedGuest([("command -v nginx", "/usr/sbin/nginx\n", 0)]),
+        client=PortClient("127.0.0.1"),
+        guest_address="127.0.0.1",
+    )
     with pytest.raises(LabError, match="HTTP 404"):
         http.HTTP.prepare(c)
 
@@ -333,8 +393,10 @@ def test_loopback_http_prepare_refuses_404(http_server):
 def test_tool_check_command_falls_back_to_sbin_dirs(tmp_path):
     (tmp_path / "labfaketool").write_text("#!/bin/sh\n")
     (tmp_path / "labfaketool").chmod(0o755)
-    found = proc.run(["sh", "-c", cpu.tool_check_command("labfaketool", ("/nonexistent", str(tmp_path)))], check=False)
+    found = proc.run(
+        ["sh", "-c", toolkit.tool_check_command("labfaketool", ("/nonexistent", str(tmp_path)))], check=False
+    )
     assert (found.returncode, found.stdout.strip()) == (0, f"{tmp_path}/labfaketool")
-    missing = proc.run(["sh", "-c", cpu.tool_check_command("labfaketool2", (str(tmp_path),))], check=False)
+    missing = proc.run(["sh", "-c", toolkit.tool_check_command("labfaketool2", (str(tmp_path),))], check=False)
     assert missing.returncode == 1 and missing.stdout == ""
-    assert cpu.tool_check_command("sysbench") == "sh -c 'command -v sysbench'"
+    assert toolkit.tool_check_command("sysbench") == "sh -c 'command -v sysbench'"

@@ -1,17 +1,32 @@
-"""The Workload seam: prepare(ctx), run(ctx, rep) -> RawOutput, parse(raw) -> [Sample].
+"""The Workload seam and the workload registry.
 
-`parse` is pure: it sees only the RawOutput (stdout, stderr, params, extra), so `lab reparse`
-can rebuild samples from stored raw outputs after a parser fix.
+A workload is `prepare(ctx)`, `run(ctx, rep) -> RawOutput`, `parse(raw) -> [Sample]`. `parse` is
+pure: it sees only the RawOutput (stdout, stderr, params, extra), so `lab reparse` can rebuild
+samples from stored raw outputs after a parser fix.
+
+A new workload is one module in this package that ends with `NAME = register(TheWorkload())`;
+`load_all()` imports every module here, so nothing else lists it: the config accepts its name in
+[suite] workloads and its `defaults` keys in [suite.params.<name>], and calls its `params(ctx)` to
+check the values for every guest OS of the matrix before anything is made. One module may register a
+family (sysbench-cpu and sysbench-memory). Build it from the toolkit, the modules here that register
+nothing:
+
+  cpu          guest CPU utilisation around a load (run_guest_load, snapshot, cpu_samples)
+  toolkit      parameters, segments (SegmentLog), the guest tool check, a server on the client side
+  containers   where a load runs in the guest: itself, a podman container or a FreeBSD jail; LRO
+  gitrepo      the generated git repository and the git daemon that serves it
 """
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from pathlib import Path
+from typing import Any, Protocol
 
-from lab.backends import Client
 from lab.guest import Guest
-from lab.model import RawOutput, Sample
+from lab.model import Client, RawOutput, Sample
 
 
 @dataclass
@@ -24,11 +39,23 @@ class WorkloadContext:
     guest_address: str = ""
     # What prepare() found out about the guest (features, versions) for run() to use and record.
     facts: dict[str, Any] = field(default_factory=dict)
+    # The guest's host keys as a known_hosts file (the one the Guest checks with): workloads that open
+    # their own SSH connection (scp) check the guest with it. None: not checked.
+    known_hosts: Path | None = None
 
 
 class Workload(Protocol):
+    """What the config and the runner call. A workload may also have `estimate_seconds(params)`
+    (one repetition's length) for `lab plan`; without it the estimate is its "time" or "duration".
+    `network = True` on a workload whose load goes through the client side (a load generator or a
+    server there): the runner lets one lane at a time use a client (lab.runner.measure)."""
+
     name: str
     defaults: dict[str, Any]  # parameter defaults; [suite.params.<name>] overrides them
+
+    def params(self, ctx: WorkloadContext) -> dict[str, Any]:
+        """The effective parameters, checked (UsageError) for this guest OS and vCPU count."""
+        ...
 
     def prepare(self, ctx: WorkloadContext) -> None: ...
 
@@ -45,12 +72,17 @@ def register(workload: Workload) -> Workload:
     return workload
 
 
-def load_all() -> dict[str, Workload]:
-    """Import every workload module so each registers itself."""
-    import importlib
-    import pkgutil
+_imported = False  # every module imported once: the package's files do not change under a run
 
-    for mod in pkgutil.iter_modules(__path__):
-        if not mod.name.startswith("_"):
-            importlib.import_module(f"{__name__}.{mod.name}")
+
+def load_all() -> dict[str, Workload]:
+    """Import every module of this package, so each workload registers itself. Called per cell and
+    workload: after the first call it only returns the registry (listing the package's files each
+    time was half of the orchestrator's CPU per cell of a many-host run)."""
+    global _imported
+    if not _imported:
+        for mod in pkgutil.iter_modules(__path__):
+            if not mod.name.startswith("_"):
+                importlib.import_module(f"{__name__}.{mod.name}")
+        _imported = True
     return WORKLOADS

@@ -22,12 +22,22 @@ from typing import Any
 from lab import osfacts, proc
 from lab.errors import LabError, UsageError
 from lab.model import RawOutput, Sample
-from lab.workloads import WorkloadContext, register
-from lab.workloads import containers
-from lab.workloads.cpu import (SegmentLog, choices, cpu_samples, effective_params, first_line, int_param,
-                               snapshot, split_segments)
-from lab.workloads.git_clone import lro_setting
+from lab.workloads import WorkloadContext, containers, register
+from lab.workloads.cpu import cpu_samples, snapshot
 from lab.workloads.http import url
+from lab.workloads.toolkit import (
+    UNMEASURED,
+    Parsed,
+    SegmentLog,
+    choices,
+    effective_params,
+    first_line,
+    flag,
+    flag_run,
+    int_param,
+    segment_samples,
+    split_segments,
+)
 
 SCHEMES = ("http", "https")
 
@@ -40,7 +50,7 @@ def curl_argv(target: str, count: int, max_time: int = 900) -> list[str]:
     return argv
 
 
-def parse_curl_json(text: str, workload: str = "bulk-http") -> dict[str, float]:
+def parse_curl_json(text: str, workload: str = "bulk-http") -> Parsed:
     """curl -w '%{json}' lines -> transfers, bytes, seconds, download_mb_s, first_byte_ms."""
     docs = []
     for line in (text or "").splitlines():
@@ -51,26 +61,41 @@ def parse_curl_json(text: str, workload: str = "bulk-http") -> dict[str, float]:
             except json.JSONDecodeError:
                 raise LabError(f"{workload}: a curl -w %{{json}} line is not JSON: {line[:120]!r}") from None
     if not docs:
-        raise LabError(f"{workload}: no curl -w %{{json}} line; first line of output: {first_line(text)!r}",
-                       hint="the raw output is stored; fix the parser and run `lab reparse`")
+        raise LabError(
+            f"{workload}: no curl -w %{{json}} line; first line of output: {first_line(text)!r}",
+            hint="the raw output is stored; fix the parser and run `lab reparse`",
+        )
     bad = [d for d in docs if d.get("http_code") != 200 or d.get("exitcode", 0) != 0]
     if bad:
         d = bad[0]
-        raise LabError(f"{workload}: {len(bad)} of {len(docs)} downloads failed (HTTP {d.get('http_code')}, "
-                       f"curl exit {d.get('exitcode')}: {d.get('errormsg') or 'no message'}) for {d.get('url_effective')}")
+        raise LabError(
+            f"{workload}: {len(bad)} of {len(docs)} downloads failed (HTTP {d.get('http_code')}, "
+            f"curl exit {d.get('exitcode')}: {d.get('errormsg') or 'no message'}) for {d.get('url_effective')}"
+        )
     size = sum(float(d["size_download"]) for d in docs)
     seconds = sum(float(d["time_total"]) for d in docs)
-    if seconds <= 0:
-        raise LabError(f"{workload}: curl reports 0 s for the downloads")
-    return {"transfers": len(docs), "bytes": size, "seconds": seconds, "download_mb_s": size / 1e6 / seconds,
-            "first_byte_ms": statistics.median(float(d["time_starttransfer"]) * 1000 for d in docs),
-            "connects": sum(int(d.get("num_connects", 0)) for d in docs)}
+    out = {
+        "transfers": len(docs),
+        "bytes": size,
+        "seconds": seconds,
+        "first_byte_ms": statistics.median(float(d["time_starttransfer"]) * 1000 for d in docs),
+        "connects": sum(int(d.get("num_connects", 0)) for d in docs),
+    }
+    if seconds <= 0 or size <= 0:  # no rate, rather than 0 or an infinite one
+        return out | {UNMEASURED: f"curl reports {size:.0f} bytes in {seconds:g} s for the downloads"}
+    return out | {"download_mb_s": size / 1e6 / seconds}
 
 
 class BulkHttp:
     name = "bulk-http"
-    defaults: dict[str, Any] = {"path": "/bulk/64m.bin", "count": 3, "scheme": ["http"], "network": ["guest"],
-                                "lro": ["as-is"]}
+    network = True  # its load goes through the client side: one lane at a time (lab.runner.measure)
+    defaults: dict[str, Any] = {
+        "path": "/bulk/64m.bin",
+        "count": 3,
+        "scheme": ["http"],
+        "network": ["guest"],
+        "lro": ["as-is"],
+    }
 
     def params(self, ctx: WorkloadContext) -> dict[str, Any]:
         p = effective_params(self.defaults, ctx.params)
@@ -80,8 +105,10 @@ class BulkHttp:
         for key, allowed in (("scheme", SCHEMES), ("network", ("guest", "default")), ("lro", containers.LRO)):
             p[key] = choices(self.name, key, p[key], allowed)
         if "default" in p["network"] and containers.family(ctx.os) != "freebsd":
-            raise UsageError(f"{self.name}: network \"default\" (nginx in a vnet jail) is FreeBSD-only; "
-                             f"the {ctx.os} image has nginx in the guest only")
+            raise UsageError(
+                f'{self.name}: network "default" (nginx in a vnet jail) is FreeBSD-only; '
+                f"the {ctx.os} image has nginx in the guest only"
+            )
         return p
 
     def estimate_seconds(self, p: dict[str, Any]) -> float:
@@ -103,7 +130,9 @@ class BulkHttp:
         for place in p["network"]:
             for scheme in p["scheme"]:
                 if place == "default" and scheme == "https":
-                    raise UsageError(f"{self.name}: the jail forwards plain HTTP (port {containers.JAIL_HTTP_PORT}) only")
+                    raise UsageError(
+                        f"{self.name}: the jail forwards plain HTTP (port {containers.JAIL_HTTP_PORT}) only"
+                    )
                 for lro in p["lro"]:
                     tag = f"{place}-{scheme}" + ("" if lro == "as-is" else f"-lro{lro}")
                     out.append((tag, place, scheme, lro))
@@ -111,23 +140,30 @@ class BulkHttp:
 
     def commands(self, ctx: WorkloadContext) -> list[tuple[str, list[str]]]:
         p = self.params(ctx)
-        return [(tag, curl_argv(self.target(ctx, scheme, place), p["count"]))
-                for tag, place, scheme, _ in self.plan(ctx)]
+        return [
+            (tag, curl_argv(self.target(ctx, scheme, place), p["count"])) for tag, place, scheme, _ in self.plan(ctx)
+        ]
 
     def prepare(self, ctx: WorkloadContext) -> None:
         p = self.params(ctx)
         if "default" in p["network"]:
-            from lab.workloads.git_clone import prepare_places
-
-            prepare_places(ctx, self.name, ["default"])
+            containers.prepare_places(ctx, self.name, ["default"])
             ctx.guest.run(f"jexec {containers.JAILS['default']} sh -c 'pgrep -q nginx || nginx'", timeout=60)
-        for tag, place, scheme, _ in self.plan(ctx):
+        for _tag, place, scheme, _ in self.plan(ctx):
             target = self.target(ctx, scheme, place)
-            res = proc.run(ctx.client.argv(["curl", "-sSk", "-o", "/dev/null", "-r", "0-0", "-w", "%{http_code}",
-                                            "--max-time", "30", target]), timeout=60, check=False, what="curl")
+            res = proc.run(
+                ctx.client.argv(
+                    ["curl", "-sSk", "-o", "/dev/null", "-r", "0-0", "-w", "%{http_code}", "--max-time", "30", target]
+                ),
+                timeout=60,
+                check=False,
+                what="curl",
+            )
             if res.stdout.strip() not in ("200", "206"):
-                raise LabError(f"{self.name}: {target} answers HTTP {res.stdout.strip() or '000'}: "
-                               f"{first_line(res.stderr)}", hint="check the path param and nginx in the guest")
+                raise LabError(
+                    f"{self.name}: {target} answers HTTP {res.stdout.strip() or '000'}: {first_line(res.stderr)}",
+                    hint="check the path param and nginx in the guest",
+                )
 
     def run(self, ctx: WorkloadContext, repetition: int) -> RawOutput:
         p = self.params(ctx)
@@ -135,12 +171,20 @@ class BulkHttp:
         log = SegmentLog(self.name, started=time.time())
         for tag, place, scheme, lro in self.plan(ctx):
             argv = curl_argv(self.target(ctx, scheme, place), p["count"])
-            with lro_setting(ctx, lro) as state:
+            with containers.lro_setting(ctx, lro) as state:
                 before = snapshot(ctx.guest, ticks_cmd)
                 res = proc.run(ctx.client.argv(argv), timeout=900 * p["count"] + 60, check=False, what="curl")
                 after = snapshot(ctx.guest, ticks_cmd)
-            log.add(tag, res.returncode, res.stdout + res.stderr, before, after, started=log.started,
-                    seconds=res.seconds, command=shlex.join(argv))
+            log.add(
+                tag,
+                res.returncode,
+                res.stdout + res.stderr,
+                before,
+                after,
+                started=log.started,
+                seconds=res.seconds,
+                command=shlex.join(argv),
+            )
             log.extra[f"lro.{tag}"] = state["effective"]
         return log.raw({**p, "vcpus": ctx.vcpus, "repetition": repetition, "os": ctx.os})
 
@@ -148,6 +192,7 @@ class BulkHttp:
         samples: list[Sample] = []
         tags: list[str] = []
         tag_labels: dict[str, dict] = {}
+        run_labels: dict = {}
         for tag, rc, text in split_segments(raw.stdout):
             place, scheme, *rest = tag.split("-")
             try:
@@ -155,14 +200,30 @@ class BulkHttp:
             except LabError as exc:
                 msg = exc.message + (f" (curl exit status {rc})" if rc else "")
                 raise LabError(f"{msg} [{tag}]", exc.hint) from None
-            labels = {"network": place, "scheme": scheme, "lro": rest[0][3:] if rest else "as-is",
-                      "lro_effective": raw.extra.get(f"lro.{tag}", "unknown"), "transfers": r["transfers"],
-                      "path": raw.params.get("path")}
+            labels = flag(
+                {
+                    "network": place,
+                    "scheme": scheme,
+                    "lro": rest[0][3:] if rest else "as-is",
+                    "lro_effective": raw.extra.get(f"lro.{tag}", "unknown"),
+                    "transfers": r["transfers"],
+                    "path": raw.params.get("path"),
+                },
+                r.get(UNMEASURED, ""),
+            )
+            run_labels = flag_run(run_labels, tag, labels)
             tags.append(tag)
             tag_labels[tag] = labels
-            samples += [Sample(f"download_mb_s_{tag}", r["download_mb_s"], "MB/s", True, dict(labels)),
-                        Sample(f"first_byte_ms_{tag}", r["first_byte_ms"], "ms", False, dict(labels))]
-        return samples + cpu_samples(raw, tags=tags, tag_labels=tag_labels)
+            samples += segment_samples(
+                tag,
+                r,
+                [
+                    (f"download_mb_s_{tag}", "download_mb_s", "MB/s", True),
+                    (f"first_byte_ms_{tag}", "first_byte_ms", "ms", False),
+                ],
+                labels,
+            )
+        return samples + cpu_samples(raw, tags=tags, tag_labels=tag_labels, labels=run_labels)
 
 
 BULK_HTTP = register(BulkHttp())

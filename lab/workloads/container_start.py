@@ -9,7 +9,8 @@ Axes inside the workload (each combination one segment, its own rows, tag
            database sync; Podman >= 4.4 — the Debian 12 image has 4.3.1, so those rows are n/a)
 
 Rows: start_ms_<tag> (hyperfine's mean over `runs` starts, after `warmup` discarded starts),
-start_stddev_ms_<tag>, start_min_ms_<tag>, and the guest's CPU busy % over the hyperfine run.
+start_stddev_ms_<tag> (with runs = 1 hyperfine reports none: an `unmeasured_<tag>` row says so),
+start_min_ms_<tag>, and the guest's CPU busy % over the hyperfine run.
 """
 
 from __future__ import annotations
@@ -20,10 +21,19 @@ from typing import Any
 
 from lab.errors import LabError, UsageError
 from lab.model import RawOutput, Sample
-from lab.workloads import WorkloadContext, register
-from lab.workloads import containers
-from lab.workloads.cpu import (SegmentLog, choices, cpu_samples, effective_params, first_line, int_param,
-                               require_guest_tool, run_guest_load, split_segments)
+from lab.workloads import WorkloadContext, containers, register
+from lab.workloads.cpu import cpu_samples, run_guest_load
+from lab.workloads.toolkit import (
+    UNMEASURED,
+    SegmentLog,
+    choices,
+    effective_params,
+    first_line,
+    int_param,
+    require_guest_tool,
+    segment_samples,
+    split_segments,
+)
 
 NETWORKS = ("default", "host", "none")
 STORES = ("persistent", "transient")
@@ -37,21 +47,37 @@ def start_argv(runtime: str, network: str, store: str, image: str = containers.B
 
 def hyperfine_load(command: list[str], runs: int, warmup: int) -> str:
     """hyperfine without a shell (-N) exporting JSON, which the load then prints."""
-    argv = ["hyperfine", "-N", "--style", "none", "--runs", str(runs), "--warmup", str(warmup),
-            "--export-json", JSON_PATH, shlex.join(command)]
-    return (f"(rm -f {JSON_PATH}; {shlex.join(argv)} >/dev/null 2>/var/tmp/lab-hyperfine.err; rc=$?; "
-            f"if [ -s {JSON_PATH} ]; then cat {JSON_PATH}; else cat /var/tmp/lab-hyperfine.err; fi; "
-            f"rm -f {JSON_PATH} /var/tmp/lab-hyperfine.err; exit $rc)")
+    argv = [
+        "hyperfine",
+        "-N",
+        "--style",
+        "none",
+        "--runs",
+        str(runs),
+        "--warmup",
+        str(warmup),
+        "--export-json",
+        JSON_PATH,
+        shlex.join(command),
+    ]
+    return (
+        f"(rm -f {JSON_PATH}; {shlex.join(argv)} >/dev/null 2>/var/tmp/lab-hyperfine.err; rc=$?; "
+        f"if [ -s {JSON_PATH} ]; then cat {JSON_PATH}; else cat /var/tmp/lab-hyperfine.err; fi; "
+        f"rm -f {JSON_PATH} /var/tmp/lab-hyperfine.err; exit $rc)"
+    )
 
 
 def parse_hyperfine_json(text: str, workload: str = "container-start") -> dict[str, Any]:
-    """hyperfine --export-json (one command) -> mean/stddev/median/min/max in ms, runs, exit codes."""
+    """hyperfine --export-json (one command) -> mean/stddev/median/min/max in ms, runs, exit codes.
+    hyperfine's null stddev (one run) is left out, with the reason under UNMEASURED."""
     try:
         doc = json.loads(text)
         res = doc["results"]
     except (json.JSONDecodeError, TypeError, KeyError, ValueError):
-        raise LabError(f"{workload}: not hyperfine JSON; first line of output: {first_line(text)!r}",
-                       hint="the raw output is stored; fix the parser and run `lab reparse`") from None
+        raise LabError(
+            f"{workload}: not hyperfine JSON; first line of output: {first_line(text)!r}",
+            hint="the raw output is stored; fix the parser and run `lab reparse`",
+        ) from None
     if len(res) != 1:
         raise LabError(f"{workload}: expected one hyperfine result, got {len(res)}")
     r = res[0]
@@ -60,10 +86,17 @@ def parse_hyperfine_json(text: str, workload: str = "container-start") -> dict[s
     if not times:
         raise LabError(f"{workload}: hyperfine measured no run of {r.get('command')!r}")
     if any(c != 0 for c in codes):
-        raise LabError(f"{workload}: {r.get('command')!r} failed in {sum(1 for c in codes if c)} of "
-                       f"{len(codes)} runs (exit codes {sorted(set(codes))})")
-    out = {k: float(r[k]) * 1000 for k in ("mean", "median", "min", "max") if isinstance(r.get(k), (int, float))}
-    out["stddev"] = float(r["stddev"]) * 1000 if isinstance(r.get("stddev"), (int, float)) else 0.0
+        raise LabError(
+            f"{workload}: {r.get('command')!r} failed in {sum(1 for c in codes if c)} of "
+            f"{len(codes)} runs (exit codes {sorted(set(codes))})"
+        )
+    out: dict[str, Any] = {
+        k: float(r[k]) * 1000 for k in ("mean", "median", "min", "max", "stddev") if isinstance(r.get(k), (int, float))
+    }
+    if "mean" not in out or "min" not in out:
+        raise LabError(f"{workload}: hyperfine reported no mean/min for {r.get('command')!r}")
+    if "stddev" not in out:  # null for a single run: there is no spread to report, not a spread of 0
+        out[UNMEASURED] = f"hyperfine reports no standard deviation for {len(times)} run(s)"
     out["runs"] = len(times)
     out["command"] = r.get("command", "")
     return out
@@ -71,8 +104,13 @@ def parse_hyperfine_json(text: str, workload: str = "container-start") -> dict[s
 
 class ContainerStart:
     name = "container-start"
-    defaults: dict[str, Any] = {"runtime": ["crun", "runc"], "network": ["default", "host", "none"],
-                                "store": ["persistent", "transient"], "runs": 5, "warmup": 1}
+    defaults: dict[str, Any] = {
+        "runtime": ["crun", "runc"],
+        "network": ["default", "host", "none"],
+        "store": ["persistent", "transient"],
+        "runs": 5,
+        "warmup": 1,
+    }
 
     def params(self, ctx: WorkloadContext) -> dict[str, Any]:
         p = effective_params(self.defaults, ctx.params)
@@ -92,8 +130,10 @@ class ContainerStart:
 
     def commands(self, ctx: WorkloadContext) -> list[tuple[str, str]]:
         p = self.params(ctx)
-        return [(tag, hyperfine_load(start_argv(rt, net, st), p["runs"], p["warmup"]))
-                for tag, rt, net, st in self.plan(ctx)]
+        return [
+            (tag, hyperfine_load(start_argv(rt, net, st), p["runs"], p["warmup"]))
+            for tag, rt, net, st in self.plan(ctx)
+        ]
 
     def prepare(self, ctx: WorkloadContext) -> None:
         p = self.params(ctx)
@@ -103,8 +143,10 @@ class ContainerStart:
         require_guest_tool(ctx, "hyperfine", self.name)
         res = ctx.guest.run(f"podman image exists {containers.BASE_IMAGE}", timeout=120, check=False)
         if res.returncode != 0:
-            raise LabError(f"{self.name}: the guest has no {containers.BASE_IMAGE} in podman's store",
-                           hint="rebuild the golden image (`make images`): provisioning imports it")
+            raise LabError(
+                f"{self.name}: the guest has no {containers.BASE_IMAGE} in podman's store",
+                hint="rebuild the golden image (`make images`): provisioning imports it",
+            )
         have: dict[str, str] = {}
         for rt in p["runtime"]:
             r = ctx.guest.run(f"sh -c {shlex.quote(f'command -v {rt}')}", timeout=30, check=False)
@@ -131,15 +173,24 @@ class ContainerStart:
                 log.extra[f"na.{tag}"] = f"OCI runtime {rt} is not installed in the guest"
                 continue
             if st == "transient" and ctx.facts.get("transient"):
-                log.extra[f"na.{tag}"] = (f"podman {ctx.facts.get('podman') or '?'} has no --transient-store "
-                                          f"({ctx.facts['transient']})")
+                log.extra[f"na.{tag}"] = (
+                    f"podman {ctx.facts.get('podman') or '?'} has no --transient-store ({ctx.facts['transient']})"
+                )
                 continue
             load = hyperfine_load(start_argv(rt, net, st), p["runs"], p["warmup"])
             timeout = (p["runs"] + p["warmup"]) * 120 + 60
             log.add_load(tag, run_guest_load(ctx, self.name, load, timeout=timeout), load)
             log.extra[f"runtime_version.{tag}"] = ctx.facts["runtimes"][rt]
-        return log.raw({**p, "vcpus": ctx.vcpus, "repetition": repetition, "os": ctx.os,
-                        "podman": ctx.facts.get("podman", ""), "image": containers.BASE_IMAGE})
+        return log.raw(
+            {
+                **p,
+                "vcpus": ctx.vcpus,
+                "repetition": repetition,
+                "os": ctx.os,
+                "podman": ctx.facts.get("podman", ""),
+                "image": containers.BASE_IMAGE,
+            }
+        )
 
     def parse(self, raw: RawOutput) -> list[Sample]:
         samples: list[Sample] = []
@@ -153,19 +204,33 @@ class ContainerStart:
                 except LabError as exc:
                     msg = exc.message + (f" (hyperfine exit status {rc})" if rc else "")
                     raise LabError(f"{msg} [{tag}]", exc.hint) from None
-                labels = {"runtime": rt, "runtime_version": raw.extra.get(f"runtime_version.{tag}", ""),
-                          "network": net, "store": st, "runs": r["runs"]}
+                labels = {
+                    "runtime": rt,
+                    "runtime_version": raw.extra.get(f"runtime_version.{tag}", ""),
+                    "network": net,
+                    "store": st,
+                    "runs": r["runs"],
+                }
                 tags.append(tag)
                 tag_labels[tag] = labels
-                samples += [Sample(f"start_ms_{tag}", r["mean"], "ms", False, dict(labels)),
-                            Sample(f"start_stddev_ms_{tag}", r["stddev"], "ms", None, dict(labels)),
-                            Sample(f"start_min_ms_{tag}", r["min"], "ms", False, dict(labels))]
+                # A missing stddev flags its own row only: the mean of one run is still a measurement.
+                samples += segment_samples(
+                    tag,
+                    r,
+                    [
+                        (f"start_ms_{tag}", "mean", "ms", False),
+                        (f"start_stddev_ms_{tag}", "stddev", "ms", None),
+                        (f"start_min_ms_{tag}", "min", "ms", False),
+                    ],
+                    labels,
+                )
         for key, reason in sorted(raw.extra.items()):
             if key.startswith("na."):
                 tag = key[3:]
                 rt, net, st = tag.split("-", 2)
-                samples.append(Sample(f"na_{tag}", 1.0, "n/a", None,
-                                      {"runtime": rt, "network": net, "store": st, "na": reason}))
+                samples.append(
+                    Sample(f"na_{tag}", 1.0, "n/a", None, {"runtime": rt, "network": net, "store": st, "na": reason})
+                )
         if tags:
             samples += cpu_samples(raw, tags=tags, tag_labels=tag_labels)
         return samples

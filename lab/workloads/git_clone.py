@@ -19,34 +19,54 @@ import re
 import shlex
 from typing import Any
 
-from lab import proc
+from lab import osfacts, proc
 from lab.errors import LabError
 from lab.model import RawOutput, Sample
-from lab.workloads import WorkloadContext, register
-from lab.workloads import containers, gitrepo
-from lab.workloads.cpu import (SegmentLog, choices, cpu_samples, effective_params, first_line, int_param,
-                               require_guest_tool, run_guest_load, split_segments)
+from lab.workloads import WorkloadContext, containers, gitrepo, register
+from lab.workloads.cpu import cpu_samples, guest_script, run_guest_load
+from lab.workloads.toolkit import (
+    UNMEASURED,
+    Parsed,
+    SegmentLog,
+    choices,
+    effective_params,
+    first_line,
+    flag,
+    flag_run,
+    int_param,
+    require_guest_tool,
+    segment_samples,
+    split_segments,
+)
 
 
 def clone_load(url: str) -> str:
     """The guest-side load (POSIX sh, in a subshell so its exit does not end the CPU script)."""
-    return ("(d=$(mktemp -d /var/tmp/lab-clone.XXXXXX) || exit 1; "
-            f"{containers.TIMER} git clone -q {shlex.quote(url)} \"$d/r\" 2>&1; rc=$?; "
-            "if [ $rc -eq 0 ]; then echo \"pack_bytes $(cat \"$d\"/r/.git/objects/pack/*.pack | wc -c)\"; fi; "
-            "rm -rf \"$d\"; exit $rc)")
+    return (
+        "(d=$(mktemp -d /var/tmp/lab-clone.XXXXXX) || exit 1; "
+        f'{containers.TIMER} git clone -q {shlex.quote(url)} "$d/r" 2>&1; rc=$?; '
+        'if [ $rc -eq 0 ]; then echo "pack_bytes $(cat "$d"/r/.git/objects/pack/*.pack | wc -c)"; fi; '
+        'rm -rf "$d"; exit $rc)'
+    )
 
 
-def parse_clone_output(text: str, workload: str = "git-clone") -> dict[str, float]:
-    """clone_load's output -> seconds, pack_bytes, mb_s."""
+def parse_clone_output(text: str, workload: str = "git-clone") -> Parsed:
+    """clone_load's output -> seconds, pack_bytes, mb_s. A time below `time -p`'s resolution (0.00)
+    or a clone without a pack file gives no rate: left out, with the reason under UNMEASURED."""
     seconds = containers.parse_time_p(text, workload)
     m = re.search(r"^pack_bytes\s+(\d+)\s*$", text or "", re.MULTILINE)
     if not m:
-        raise LabError(f"{workload}: no 'pack_bytes' line (the clone failed?); first line of output: "
-                       f"{first_line(text)!r}")
-    pack = float(m.group(1))
+        raise LabError(
+            f"{workload}: no 'pack_bytes' line (the clone failed?); first line of output: {first_line(text)!r}"
+        )
+    out: dict = {"pack_bytes": float(m.group(1))}
     if seconds <= 0:
-        raise LabError(f"{workload}: `time -p` says the clone took {seconds} s")
-    return {"seconds": seconds, "pack_bytes": pack, "mb_s": pack / 1e6 / seconds}
+        out[UNMEASURED] = "`time -p` measured 0.00 s, below its 0.01 s resolution: use a larger repository"
+    elif out["pack_bytes"] == 0:
+        out |= {"seconds": seconds, UNMEASURED: "the clone left no pack file to measure its size by"}
+    else:
+        out |= {"seconds": seconds, "mb_s": out["pack_bytes"] / 1e6 / seconds}
+    return out
 
 
 def segment_tag(place: str, lro: str) -> str:
@@ -55,9 +75,16 @@ def segment_tag(place: str, lro: str) -> str:
 
 class GitClone:
     name = "git-clone"
-    defaults: dict[str, Any] = {"files": 2000, "file_kib": 16, "commits": 4,
-                                "network": ["guest", "default", "host"], "lro": ["as-is"],
-                                "port": 9418, "timeout": 3600}
+    network = True  # its load goes through the client side: one lane at a time (lab.runner.measure)
+    defaults: dict[str, Any] = {
+        "files": 2000,
+        "file_kib": 16,
+        "commits": 4,
+        "network": ["guest", "default", "host"],
+        "lro": ["as-is"],
+        "port": 9418,
+        "timeout": 3600,
+    }
 
     def params(self, ctx: WorkloadContext) -> dict[str, Any]:
         p = effective_params(self.defaults, ctx.params)
@@ -82,19 +109,18 @@ class GitClone:
 
     def commands(self, ctx: WorkloadContext) -> list[tuple[str, str]]:
         """[(tag, the whole guest command line)] (pure: what run() sends, CPU snapshots included)."""
-        from lab import osfacts
-        from lab.workloads.cpu import guest_script
-
         p = self.params(ctx)
         load = clone_load(gitrepo.url(ctx.client.address, p["port"]))
         ticks = osfacts.facts(ctx.os).cpu_ticks_cmd
-        return [(tag, containers.place_prefix(ctx.os, place) + guest_script(load, ticks))
-                for tag, place, _ in self.plan(ctx)]
+        return [
+            (tag, containers.place_prefix(ctx.os, place) + guest_script(load, ticks))
+            for tag, place, _ in self.plan(ctx)
+        ]
 
     def prepare(self, ctx: WorkloadContext) -> None:
         p = self.params(ctx)
         require_guest_tool(ctx, "git", self.name)
-        prepare_places(ctx, self.name, p["network"])
+        containers.prepare_places(ctx, self.name, p["network"])
         res = proc.run(ctx.client.argv(["git", "--version"]), timeout=30, check=False, what="git on the client side")
         if not res.ok:
             raise LabError(f"{self.name}: git does not run on the client side", hint="run `make setup`")
@@ -107,20 +133,29 @@ class GitClone:
         log = SegmentLog(self.name)
         for tag, place, lro in self.plan(ctx):
             prefix = containers.place_prefix(ctx.os, place)
-            with lro_setting(ctx, lro) as state:
+            with containers.lro_setting(ctx, lro) as state:
                 with gitrepo.serve(ctx, repo, p["port"], self.name) as server:
                     r = run_guest_load(ctx, self.name, load, timeout=p["timeout"] + 120, prefix=prefix)
                     log.extra[f"server_log.{tag}"] = server.log()
             log.extra[f"lro.{tag}"] = state["effective"]
             log.add_load(tag, r, prefix + load)
-        return log.raw({**p, "vcpus": ctx.vcpus, "repetition": repetition, "os": ctx.os,
-                        "engine": _engine_or_none(ctx.os, p["network"]),
-                        "url": gitrepo.url(ctx.client.address, p["port"]), **repo.facts()})
+        return log.raw(
+            {
+                **p,
+                "vcpus": ctx.vcpus,
+                "repetition": repetition,
+                "os": ctx.os,
+                "engine": _engine_or_none(ctx.os, p["network"]),
+                "url": gitrepo.url(ctx.client.address, p["port"]),
+                **repo.facts(),
+            }
+        )
 
     def parse(self, raw: RawOutput) -> list[Sample]:
         samples: list[Sample] = []
         tags: list[str] = []
         tag_labels: dict[str, dict] = {}
+        run_labels: dict = {}
         engine = raw.params.get("engine")
         for tag, rc, text in split_segments(raw.stdout):
             place, _, lro = tag.partition("-lro")
@@ -129,72 +164,29 @@ class GitClone:
             except LabError as exc:
                 msg = exc.message + (f" (exit status {rc})" if rc else "")
                 raise LabError(f"{msg} [{tag}]", exc.hint) from None
-            labels: dict[str, Any] = {"network": place, "lro": lro or "as-is",
-                                      "lro_effective": raw.extra.get(f"lro.{tag}", "unknown"),
-                                      "container": engine if place != "guest" else None}
+            labels = flag(
+                {
+                    "network": place,
+                    "lro": lro or "as-is",
+                    "lro_effective": raw.extra.get(f"lro.{tag}", "unknown"),
+                    "container": engine if place != "guest" else None,
+                },
+                r.get(UNMEASURED, ""),
+            )
+            run_labels = flag_run(run_labels, tag, labels)
             tags.append(tag)
             tag_labels[tag] = labels
-            samples += [Sample(f"clone_seconds_{tag}", r["seconds"], "s", False, dict(labels)),
-                        Sample(f"clone_mb_s_{tag}", r["mb_s"], "MB/s", True, dict(labels))]
-        return samples + cpu_samples(raw, tags=tags, tag_labels=tag_labels)
+            samples += segment_samples(
+                tag,
+                r,
+                [(f"clone_seconds_{tag}", "seconds", "s", False), (f"clone_mb_s_{tag}", "mb_s", "MB/s", True)],
+                labels,
+            )
+        return samples + cpu_samples(raw, tags=tags, tag_labels=tag_labels, labels=run_labels)
 
 
 def _engine_or_none(os_name: str, places: list[str]) -> str | None:
     return containers.engine(os_name) if any(p != "guest" for p in places) else None
-
-
-def prepare_places(ctx: WorkloadContext, workload: str, places: list[str]) -> None:
-    """What the places need in the guest: `time`, and podman with the base image (Linux) or the
-    jails (FreeBSD, made here unless they exist)."""
-    res = ctx.guest.run(f"test -x {containers.TIMER.split()[0]}", timeout=30, check=False)
-    if res.returncode != 0:
-        raise LabError(f"{workload}: {containers.TIMER.split()[0]} is not in the guest ({ctx.os})",
-                       hint="add the `time` package to the golden image")
-    if all(p == "guest" for p in places):
-        return
-    if containers.engine(ctx.os) == "podman":
-        require_guest_tool(ctx, "podman", workload)
-        res = ctx.guest.run(f"podman image exists {containers.BASE_IMAGE}", timeout=120, check=False)
-        if res.returncode != 0:
-            raise LabError(f"{workload}: the guest has no {containers.BASE_IMAGE} in podman's store",
-                           hint="rebuild the golden image (`make images`): provisioning imports it")
-        return
-    for place in places:
-        if place != "guest":
-            res = ctx.guest.run("sh -c " + shlex.quote(containers.jail_setup_script(place)), timeout=120, check=False)
-            if res.returncode != 0:
-                raise LabError(f"{workload}: could not make the {place!r} jail: "
-                               f"{first_line(res.stderr or res.stdout)}",
-                               hint=f"the FreeBSD image must provide a userland with git at {containers.JAIL_ROOT}")
-
-
-class lro_setting:
-    """Set LRO on the guest's uplink for the block and put the previous state back after."""
-
-    def __init__(self, ctx: WorkloadContext, setting: str):
-        self.ctx, self.setting = ctx, setting
-        self.state = {"before": "unknown", "effective": "unknown"}
-
-    def _apply(self, setting: str) -> str:
-        res = self.ctx.guest.run("sh -c " + shlex.quote(containers.lro_script(self.ctx.os, setting)),
-                                 timeout=60, check=False)
-        return containers.parse_lro(res.stdout)
-
-    def __enter__(self) -> dict[str, str]:
-        self.state["before"] = self._apply("as-is")
-        if self.setting == "as-is":
-            self.state["effective"] = self.state["before"]
-        else:
-            self.state["effective"] = self._apply(self.setting)
-            if self.state["effective"] != self.setting:
-                raise LabError(f"lro: asked for {self.setting}, the uplink reports {self.state['effective']}",
-                               hint="the NIC or its driver cannot change LRO; drop that lro setting")
-        return self.state
-
-    def __exit__(self, *exc) -> None:
-        if self.setting != "as-is" and self.state["before"] in ("on", "off") \
-                and self.state["before"] != self.state["effective"]:
-            self._apply(self.state["before"])
 
 
 GIT_CLONE = register(GitClone())

@@ -15,6 +15,7 @@ from the run's network namespace, bound to the client address only, for the leng
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -22,11 +23,13 @@ import random
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import lab
 from lab import proc
 from lab.errors import LabError, UsageError
+from lab.workloads import WorkloadContext
+from lab.workloads.toolkit import ClientServer, client_server
 
 GENERATOR_VERSION = 1  # bump when the layout below changes
 PARTS = 16  # C files under src/
@@ -76,30 +79,31 @@ def sources() -> dict[str, bytes]:
         ".c.o:\n\t$(CC) -O1 -c -o $@ $<\n"
         "checksum.txt: lab-app\n\tfind data -type f -name '*.bin' | sort | xargs ./lab-app > checksum.txt\n"
         "install: lab-app\n\tmkdir -p $(DESTDIR)$(PREFIX)/bin\n\tcp lab-app $(DESTDIR)$(PREFIX)/bin/lab-app\n"
-        "clean:\n\trm -f lab-app checksum.txt $(OBJS)\n")
+        "clean:\n\trm -f lab-app checksum.txt $(OBJS)\n"
+    )
     out = {"Makefile": makefile.encode()}
     decls = "".join(f"unsigned long part{i:02d}(unsigned long);\n" for i in range(PARTS))
     chain = "".join(f"    h = part{i:02d}(h);\n" for i in range(PARTS))
     out["src/main.c"] = (
-        "#include <stdio.h>\n" + decls +
-        "/* FNV-1a over every file named on the command line, mixed by the parts. */\n"
+        "#include <stdio.h>\n" + decls + "/* FNV-1a over every file named on the command line, mixed by the parts. */\n"
         "int main(int argc, char **argv) {\n"
         "    unsigned long h = 1469598103934665603UL;\n"
         "    for (int i = 1; i < argc; i++) {\n"
-        "        FILE *f = fopen(argv[i], \"rb\");\n"
+        '        FILE *f = fopen(argv[i], "rb");\n'
         "        int c;\n"
         "        if (!f) { perror(argv[i]); return 1; }\n"
         "        while ((c = getc(f)) != EOF) { h ^= (unsigned char)c; h *= 1099511628211UL; }\n"
         "        fclose(f);\n"
-        "    }\n" + chain +
-        "    printf(\"%016lx %d\\n\", h, argc - 1);\n"
+        "    }\n" + chain + '    printf("%016lx %d\\n", h, argc - 1);\n'
         "    return 0;\n"
-        "}\n").encode()
+        "}\n"
+    ).encode()
     for i in range(PARTS):
         out[f"src/part{i:02d}.c"] = (
             f"unsigned long part{i:02d}(unsigned long x) {{\n"
             f"    for (int k = 0; k < {1000 + 37 * i}; k++) x = x * 6364136223846793005UL + {i * 2 + 1}UL;\n"
-            "    return x;\n}\n").encode()
+            "    return x;\n}\n"
+        ).encode()
     return out
 
 
@@ -121,8 +125,10 @@ def fast_import_stream(shape: dict[str, int]) -> bytes:
             break
         date = f"{EPOCH + c} +0000"
         msg = f"lab: commit {c + 1} of {shape['commits']}\n".encode()
-        chunks.append(f"commit refs/heads/main\nauthor {AUTHOR} {date}\ncommitter {AUTHOR} {date}\n"
-                      f"data {len(msg)}\n".encode() + msg)
+        chunks.append(
+            f"commit refs/heads/main\nauthor {AUTHOR} {date}\ncommitter {AUTHOR} {date}\ndata {len(msg)}\n".encode()
+            + msg
+        )
         for path, data in paths:
             chunks.append(f"M 100644 inline {path}\ndata {len(data)}\n".encode() + data + b"\n")
         chunks.append(b"\n")
@@ -137,15 +143,23 @@ def ensure(shape: dict[str, int], root: Path | None = None) -> Repo:
     """The repository for `shape`, generated once (into a temporary directory, then renamed)."""
     root = Path(root or cache_dir())
     final = root / digest(shape)
-    if not (final / "lab.git" / "refs" / "heads" / "main").is_file() and not (final / "lab.git" / "packed-refs").is_file():
+    if (
+        not (final / "lab.git" / "refs" / "heads" / "main").is_file()
+        and not (final / "lab.git" / "packed-refs").is_file()
+    ):
         root.mkdir(parents=True, exist_ok=True)
         tmp = root / f".tmp-{digest(shape)}-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
         bare = tmp / "lab.git"
         try:
             proc.run(["git", "init", "-q", "--bare", "--initial-branch=main", bare], timeout=60, what="git init")
-            proc.run(["git", "-C", bare, "fast-import", "--quiet", "--done"], input=fast_import_stream(shape) + b"done\n",
-                     text=False, timeout=900, what="git fast-import")
+            proc.run(
+                ["git", "-C", bare, "fast-import", "--quiet", "--done"],
+                input=fast_import_stream(shape) + b"done\n",
+                text=False,
+                timeout=900,
+                what="git fast-import",
+            )
             proc.run(["git", "-C", bare, "repack", "-a", "-d", "-q"], timeout=900, what="git repack")
             try:
                 os.rename(tmp, final)
@@ -164,15 +178,27 @@ def describe(bare: Path) -> Repo:
     packs = sorted((bare / "objects" / "pack").glob("*.pack"))
     if not head or not packs:
         raise LabError(f"the generated repository {bare} is incomplete", hint=f"delete {bare.parent} and retry")
-    return Repo(bare, head, int(stats.get("in-pack", 0)) + int(stats.get("count", 0)),
-                sum(p.stat().st_size for p in packs))
+    return Repo(
+        bare, head, int(stats.get("in-pack", 0)) + int(stats.get("count", 0)), sum(p.stat().st_size for p in packs)
+    )
 
 
 def daemon_argv(repo: Repo, address: str, port: int) -> list[str]:
     """git daemon bound to the client address only, serving exactly this repository's parent."""
     base = str(repo.path.parent)
-    return ["git", "daemon", "--reuseaddr", f"--listen={address}", f"--port={port}", f"--base-path={base}",
-            "--export-all", "--verbose", "--informative-errors", "--strict-paths", str(repo.path)]
+    return [
+        "git",
+        "daemon",
+        "--reuseaddr",
+        f"--listen={address}",
+        f"--port={port}",
+        f"--base-path={base}",
+        "--export-all",
+        "--verbose",
+        "--informative-errors",
+        "--strict-paths",
+        str(repo.path),
+    ]
 
 
 def url(address: str, port: int) -> str:
@@ -180,10 +206,14 @@ def url(address: str, port: int) -> str:
     return f"git://{host}:{port}/lab.git"
 
 
-def serve(ctx, repo: Repo, port: int, workload: str) -> Iterator:
+def serve(
+    ctx: WorkloadContext, repo: Repo, port: int, workload: str
+) -> contextlib.AbstractContextManager[ClientServer]:
     """Context manager: git daemon on the client side for the length of the block."""
-    from lab.workloads.cpu import client_server
-
-    return client_server(ctx, daemon_argv(repo, ctx.client.address, port), ready="Ready to rumble",
-                         what=f"{workload}: git daemon on {ctx.client.address}:{port}",
-                         hint=f"is port {port} on {ctx.client.address} in use?")
+    return client_server(
+        ctx,
+        daemon_argv(repo, ctx.client.address, port),
+        ready="Ready to rumble",
+        what=f"{workload}: git daemon on {ctx.client.address}:{port}",
+        hint=f"is port {port} on {ctx.client.address} in use?",
+    )

@@ -2,7 +2,9 @@
 
 One segment per connection count (`c10`, `c50`); the guest's CPU is snapshotted by its own SSH
 command right before and right after each wrk run. A segment with socket errors or non-2xx/3xx
-answers is not dropped: it gets an `errors_<tag>` sample > 0 and `flagged=1` in every sample's labels.
+answers is not dropped: it gets an `errors_<tag>` sample > 0 and `flagged=1` (with `flagged_why`) in
+every sample's labels. What wrk did not measure (rates without a completed request, latencies when
+every request timed out) is an `unmeasured_<tag>` row instead of a 0.
 """
 
 from __future__ import annotations
@@ -17,29 +19,49 @@ from lab.errors import LabError, UsageError
 from lab.model import RawOutput, Sample
 from lab.wait import wait_until
 from lab.workloads import WorkloadContext, register
-from lab.workloads.cpu import (SegmentLog, cpu_samples, effective_params, first_line,
-                               require_guest_tool, snapshot, split_segments,
-                               with_run_context)
+from lab.workloads.cpu import cpu_samples, snapshot
+from lab.workloads.toolkit import (
+    UNMEASURED,
+    Parsed,
+    SegmentLog,
+    effective_params,
+    exit_status_problem,
+    first_line,
+    flag,
+    flag_run,
+    require_guest_tool,
+    segment_samples,
+    split_segments,
+    with_run_context,
+)
 
 _TIME_MS = {"us": 1e-3, "ms": 1.0, "s": 1e3, "m": 60e3, "h": 3600e3}
 # wrk's format_binary divides by 1024 and prints K/M/G/T/P followed by B.
 _BYTES_MIB = {"B": 1 / 1048576, "KB": 1 / 1024, "MB": 1.0, "GB": 1024.0, "TB": 1048576.0, "PB": 1073741824.0}
 _NUM = r"([0-9]+(?:\.[0-9]+)?)"
+LATENCIES = tuple(f"latency_p{p}_ms" for p in ("50", "75", "90", "99"))
 # Where nginx lives when root's non-login PATH lacks sbin (Debian/Alpine, FreeBSD/OpenBSD ports, pkgsrc).
 SBIN_DIRS = ("/usr/sbin", "/usr/local/sbin", "/usr/pkg/sbin")
 
 
 def _fail(workload: str, text: str, why: str) -> LabError:
-    return LabError(f"{workload}: {why}; first line of output: {first_line(text)!r}",
-                    hint="the raw output is stored; fix the parser and run `lab reparse`")
+    return LabError(
+        f"{workload}: {why}; first line of output: {first_line(text)!r}",
+        hint="the raw output is stored; fix the parser and run `lab reparse`",
+    )
 
 
-def parse_wrk_output(text: str, workload: str = "http") -> dict[str, float]:
+def parse_wrk_output(text: str, workload: str = "http") -> Parsed:
     """`wrk --latency` output -> requests_per_s, transfer_mib_s, latency_p50/75/90/99_ms, requests,
-    duration_s, socket_errors_connect/read/write/timeout, non_2xx, errors (the sum of those five)."""
+    duration_s, socket_errors_connect/read/write/timeout, non_2xx, errors (the sum of those five).
+
+    wrk prints 0.00 where it measured nothing; those are left out, with the reason under UNMEASURED:
+    the rates when no request completed, the latencies when its histogram is empty (every completed
+    request timed out: wrk counts a timeout instead of recording the latency, and its stdev column
+    then reads nan). The error counters are counts: wrk prints their lines only when they are not 0."""
     if not text or not text.strip():
         raise _fail(workload, text, "wrk printed nothing")
-    out: dict[str, float] = {}
+    out: dict = {}
     m = re.search(r"^Requests/sec:\s*" + _NUM + r"\s*$", text, re.MULTILINE)
     if not m:
         raise _fail(workload, text, "no 'Requests/sec:' line in wrk output")
@@ -48,8 +70,9 @@ def parse_wrk_output(text: str, workload: str = "http") -> dict[str, float]:
     if not m:
         raise _fail(workload, text, "no 'Transfer/sec:' line in wrk output")
     out["transfer_mib_s"] = float(m.group(1)) * _BYTES_MIB[m.group(2)]
-    m = re.search(r"^\s*(\d+) requests in " + _NUM + r"(us|ms|s|m|h), " + _NUM + r"([KMGTP]?B) read",
-                  text, re.MULTILINE)
+    m = re.search(
+        r"^\s*(\d+) requests in " + _NUM + r"(us|ms|s|m|h), " + _NUM + r"([KMGTP]?B) read", text, re.MULTILINE
+    )
     if not m:
         raise _fail(workload, text, "no '<n> requests in <t>, <bytes> read' line in wrk output")
     out["requests"] = float(m.group(1))
@@ -59,7 +82,10 @@ def parse_wrk_output(text: str, workload: str = "http") -> dict[str, float]:
     if set(dist) != {"50", "75", "90", "99"}:
         raise _fail(workload, text, "no 'Latency Distribution' (was wrk run without --latency?)")
     for pct, val in dist.items():
-        num, unit = re.match(_NUM + r"(us|ms|s|m|h)", val).groups()
+        m = re.match(_NUM + r"(us|ms|s|m|h)", val)
+        if m is None:
+            raise _fail(workload, text, f"latency {val!r} is not a number with a unit")
+        num, unit = m.groups()
         out[f"latency_p{pct}_ms"] = float(num) * _TIME_MS[unit]
     m = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", text)
     for i, kind in enumerate(("connect", "read", "write", "timeout"), start=1):
@@ -67,6 +93,17 @@ def parse_wrk_output(text: str, workload: str = "http") -> dict[str, float]:
     m = re.search(r"Non-2xx or 3xx responses:\s*(\d+)", text)
     out["non_2xx"] = float(m.group(1)) if m else 0.0
     out["errors"] = sum(out[f"socket_errors_{k}"] for k in ("connect", "read", "write", "timeout")) + out["non_2xx"]
+    seconds = f"{out['duration_s']:g} s"
+    if out["requests"] == 0:
+        for key in ("requests_per_s", "transfer_mib_s", *LATENCIES):
+            out.pop(key)
+        out[UNMEASURED] = f"wrk completed no request in {seconds}"
+    elif re.search(r"^[ \t]*Latency(?:[ \t]+\S+){3}[ \t]+-?nan%", text, re.MULTILINE | re.IGNORECASE):
+        for key in LATENCIES:
+            out.pop(key)
+        out[UNMEASURED] = (
+            f"wrk recorded no latency: all {out['requests']:.0f} completed requests timed out in {seconds}"
+        )
     return out
 
 
@@ -91,14 +128,18 @@ def curl_argv(target: str) -> list[str]:
 
 class _Http:
     name = ""
+    network = True  # its load goes through the client side: one lane at a time (lab.runner.measure)
     scheme = ""
     defaults: dict[str, Any] = {"connections": [10, 50], "duration": 10, "path": "/", "threads": 4}
 
     def params(self, ctx: WorkloadContext) -> dict[str, Any]:
         p = effective_params(self.defaults, ctx.params)
         conns = p["connections"] if isinstance(p["connections"], (list, tuple)) else [p["connections"]]
-        if (not conns or len(set(conns)) != len(conns)
-                or any(isinstance(c, bool) or not isinstance(c, int) or c < 1 for c in conns)):
+        if (
+            not conns
+            or len(set(conns)) != len(conns)
+            or any(isinstance(c, bool) or not isinstance(c, int) or c < 1 for c in conns)
+        ):
             raise UsageError(f"{self.name}: connections must list distinct positive integers, got {p['connections']!r}")
         p["connections"] = list(conns)
         for key in ("duration", "threads"):
@@ -133,11 +174,18 @@ class _Http:
             last["code"] = (r.stdout.strip() or "000")[-3:]
             return last["code"] != "000"
 
-        wait_until(answers, timeout=60, what=f"nginx to answer {target}", interval=0.2,
-                   detail=lambda: f"last HTTP status {last['code']}")
+        wait_until(
+            answers,
+            timeout=60,
+            what=f"nginx to answer {target}",
+            interval=0.2,
+            detail=lambda: f"last HTTP status {last['code']}",
+        )
         if not last["code"].startswith(("2", "3")):
-            raise LabError(f"{self.name}: nginx answers {target} with HTTP {last['code']}",
-                           hint="check the path param and the guest's nginx.conf (templates/)")
+            raise LabError(
+                f"{self.name}: nginx answers {target} with HTTP {last['code']}",
+                hint="check the path param and the guest's nginx.conf (templates/)",
+            )
 
     def run(self, ctx: WorkloadContext, repetition: int) -> RawOutput:
         p = self.params(ctx)
@@ -149,16 +197,24 @@ class _Http:
             after = snapshot(ctx.guest, ticks_cmd)
             text = res.stdout
             if res.stderr.strip():  # wrk prints why it could not start ("unable to connect ...") there
-                text = (text + ("\n" if text and not text.endswith("\n") else "") + res.stderr)
-            log.add(tag, res.returncode, text, before, after, started=log.started, seconds=res.seconds,
-                    command=shlex.join(argv))
+                text = text + ("\n" if text and not text.endswith("\n") else "") + res.stderr
+            log.add(
+                tag,
+                res.returncode,
+                text,
+                before,
+                after,
+                started=log.started,
+                seconds=res.seconds,
+                command=shlex.join(argv),
+            )
         return log.raw({**p, "vcpus": ctx.vcpus, "repetition": repetition, "url": self.target(ctx)})
 
     def parse(self, raw: RawOutput) -> list[Sample]:
         samples: list[Sample] = []
         tags: list[str] = []
         tag_labels: dict[str, dict] = {}
-        any_flag = False
+        run_labels: dict = {}
         total_errors = 0.0
         for tag, rc, text in split_segments(raw.stdout):
             try:
@@ -170,30 +226,44 @@ class _Http:
                 tag = f"c{m.group(2)}" if m else "c"
             labels: dict[str, Any] = {"connections": int(tag[1:]) if tag[1:].isdigit() else None}
             total_errors += r["errors"]
-            # A load with errors, or one in which no request completed at all (e.g. TLS handshakes
-            # outlasting the duration), is flagged rather than averaged in silently.
-            if r["errors"] > 0 or r["requests"] == 0:
-                labels["flagged"] = 1
-                any_flag = True
+            # A load with errors, or one that measured nothing (no request completed, e.g. TLS
+            # handshakes outlasting the duration), is flagged rather than averaged in silently.
+            labels = flag(labels, exit_status_problem("wrk", rc), _errors_problem(r), r.get(UNMEASURED, ""))
+            run_labels = flag_run(run_labels, tag, labels)
             tags.append(tag)
             tag_labels[tag] = labels
-            s = [Sample(f"requests_per_s_{tag}", r["requests_per_s"], "req/s", True),
-                 Sample(f"transfer_mib_s_{tag}", r["transfer_mib_s"], "MiB/s", True)]
-            if r["requests"] > 0:  # with no completed request wrk prints 0.00us: not a latency
-                s += [Sample(f"latency_p{p}_ms_{tag}", r[f"latency_p{p}_ms"], "ms", False)
-                      for p in ("50", "75", "90", "99")]
-            s += [Sample(f"errors_{tag}", r["errors"], "count", False),
-                  Sample(f"non_2xx_{tag}", r["non_2xx"], "count", False)]
-            s += [Sample(f"socket_errors_{k}_{tag}", r[f"socket_errors_{k}"], "count", False)
-                  for k in ("connect", "read", "write", "timeout")]
-            samples += [Sample(x.metric, x.value, x.unit, x.higher_is_better, dict(labels)) for x in s]
-        run_labels = {"flagged": 1} if any_flag else {}
+            samples += segment_samples(
+                tag,
+                r,
+                [
+                    (f"requests_per_s_{tag}", "requests_per_s", "req/s", True),
+                    (f"transfer_mib_s_{tag}", "transfer_mib_s", "MiB/s", True),
+                    *[(f"{key}_{tag}", key, "ms", False) for key in LATENCIES],
+                    (f"errors_{tag}", "errors", "count", False),
+                    (f"non_2xx_{tag}", "non_2xx", "count", False),
+                    *[
+                        (f"socket_errors_{k}_{tag}", f"socket_errors_{k}", "count", False)
+                        for k in ("connect", "read", "write", "timeout")
+                    ],
+                ],
+                labels,
+            )
         samples.append(Sample("errors", total_errors, "count", False, dict(run_labels)))
         if any(f"cpu_before.{t}" in raw.extra for t in tags):
             cpu = cpu_samples(raw, tags=tags, tag_labels=tag_labels, labels=run_labels)
         else:
             cpu = cpu_samples(raw, labels=run_labels)
         return samples + cpu
+
+
+def _errors_problem(r: dict[str, float]) -> str:
+    """Why a wrk load with errors is flagged ("" without errors)."""
+    kinds = [
+        f"{r[f'socket_errors_{k}']:.0f} {k}" for k in ("connect", "read", "write", "timeout") if r[f"socket_errors_{k}"]
+    ]
+    if r["non_2xx"]:
+        kinds.append(f"{r['non_2xx']:.0f} non-2xx/3xx answers")
+    return f"wrk counted {r['errors']:.0f} errors ({', '.join(kinds)})" if kinds else ""
 
 
 class Http(_Http):

@@ -8,6 +8,8 @@ Numbers come from the client's JSON: throughput is what the receiver counted (en
 TCP retransmits come from end.sum_sent and are absent when the sending side cannot count them
 (NetBSD/OpenBSD senders: iperf3 omits the key when `sender_has_retransmits` is false). UDP jitter and
 loss come from end.sum_received (iperf3 >= 3.10) or end.sum (older releases, which have only that).
+A test in which the receiver got nothing measured no throughput (and, for UDP, no jitter): iperf3's
+0 there is left out, and the segment gets an `unmeasured_<dir>` row and its samples are flagged.
 """
 
 from __future__ import annotations
@@ -21,9 +23,21 @@ from lab import proc
 from lab.errors import LabError, UsageError
 from lab.model import RawOutput, Sample
 from lab.workloads import WorkloadContext, register
-from lab.workloads.cpu import (SegmentLog, client_server, cpu_samples, effective_params, first_line,
-                               require_guest_tool, run_guest_load, split_segments,
-                               with_run_context)
+from lab.workloads.cpu import cpu_samples, run_guest_load
+from lab.workloads.toolkit import (
+    UNMEASURED,
+    SegmentLog,
+    client_server,
+    effective_params,
+    exit_status_problem,
+    first_line,
+    flag,
+    flag_run,
+    require_guest_tool,
+    segment_samples,
+    split_segments,
+    with_run_context,
+)
 
 DIRECTIONS = {"tx": False, "rx": True}  # direction -> iperf3 -R
 
@@ -34,8 +48,10 @@ def parse_iperf3_json(text: str, workload: str = "iperf3") -> dict[str, Any]:
     try:
         doc = json.loads(text)
     except (json.JSONDecodeError, TypeError, ValueError):
-        raise LabError(f"{workload}: output is not iperf3 JSON; first line of output: {first_line(text)!r}",
-                       hint="the raw output is stored; fix the parser and run `lab reparse`") from None
+        raise LabError(
+            f"{workload}: output is not iperf3 JSON; first line of output: {first_line(text)!r}",
+            hint="the raw output is stored; fix the parser and run `lab reparse`",
+        ) from None
     if not isinstance(doc, dict):
         raise LabError(f"{workload}: iperf3 JSON is not an object; first line of output: {first_line(text)!r}")
     if doc.get("error"):
@@ -57,33 +73,57 @@ def parse_iperf3_json(text: str, workload: str = "iperf3") -> dict[str, Any]:
         return None
 
     if protocol == "UDP":
-        stats = recv if isinstance(recv, dict) and "lost_percent" in recv else legacy
-        if not isinstance(stats, dict) or bps(stats) is None:
-            raise LabError(f"{workload}: iperf3 UDP JSON has no end.sum_received/end.sum; "
-                           f"first line of output: {first_line(text)!r}")
-        if stats is legacy:
+        legacy_only = not (isinstance(recv, dict) and "lost_percent" in recv)
+        stats = legacy if legacy_only else recv
+        udp_rate = bps(stats) if isinstance(stats, dict) else None
+        if not isinstance(stats, dict) or udp_rate is None:
+            raise LabError(
+                f"{workload}: iperf3 UDP JSON has no end.sum_received/end.sum; "
+                f"first line of output: {first_line(text)!r}"
+            )
+        if legacy_only:
             # iperf3 < 3.10 has only end.sum, whose bits_per_second is the sender's rate; take out what
             # the receiver lost to approximate the received rate.
-            out["throughput_mbit_s"] = bps(stats) * (1 - float(stats.get("lost_percent", 0)) / 100) / 1e6
+            out["throughput_mbit_s"] = udp_rate * (1 - float(stats.get("lost_percent", 0)) / 100) / 1e6
         else:
-            out["throughput_mbit_s"] = bps(stats) / 1e6
-        for key, name in (("jitter_ms", "jitter_ms"), ("lost_percent", "loss_pct"),
-                          ("lost_packets", "lost_packets"), ("packets", "packets")):
+            out["throughput_mbit_s"] = udp_rate / 1e6
+        for key, name in (
+            ("jitter_ms", "jitter_ms"),
+            ("lost_percent", "loss_pct"),
+            ("lost_packets", "lost_packets"),
+            ("packets", "packets"),
+        ):
             if key in stats:
                 out[name] = float(stats[key])
         if "jitter_ms" not in out or "loss_pct" not in out:
             raise LabError(f"{workload}: iperf3 UDP JSON lacks jitter_ms/lost_percent")
+        if out.get("packets", 1) - out.get("lost_packets", 0) <= 0:
+            # The receiver got no datagram: its 0 rate, 0 jitter and 0 % loss (it cannot count gaps
+            # between datagrams it never saw) measure nothing.
+            for key in ("throughput_mbit_s", "jitter_ms", "loss_pct", "lost_packets", "packets"):
+                out.pop(key, None)
+            sent_packets = sent.get("packets") if isinstance(sent, dict) else None
+            out[UNMEASURED] = "the iperf3 receiver got no datagram" + (
+                f" of the {sent_packets} sent" if sent_packets else ""
+            )
         return out
     if protocol not in ("TCP", "SCTP"):
-        raise LabError(f"{workload}: iperf3 JSON has no start.test_start.protocol; "
-                       f"first line of output: {first_line(text)!r}")
+        raise LabError(
+            f"{workload}: iperf3 JSON has no start.test_start.protocol; first line of output: {first_line(text)!r}"
+        )
     rate = bps(recv)
-    if rate is None:
-        raise LabError(f"{workload}: iperf3 TCP JSON has no end.sum_received (test cut short?); "
-                       f"first line of output: {first_line(text)!r}")
-    out["throughput_mbit_s"] = rate / 1e6
-    if bps(sent) is not None:
-        out["sender_mbit_s"] = bps(sent) / 1e6
+    if rate is None or not isinstance(recv, dict):  # bps() is None unless recv is a dict
+        raise LabError(
+            f"{workload}: iperf3 TCP JSON has no end.sum_received (test cut short?); "
+            f"first line of output: {first_line(text)!r}"
+        )
+    if recv.get("bytes") == 0:  # iperf3's rate of an empty transfer is 0, not a measurement
+        out[UNMEASURED] = f"the iperf3 receiver got no data in {float(recv.get('seconds', 0)):g} s"
+    else:
+        out["throughput_mbit_s"] = rate / 1e6
+    sender_rate = bps(sent)
+    if sender_rate is not None:
+        out["sender_mbit_s"] = sender_rate / 1e6
     if isinstance(sent, dict) and isinstance(sent.get("retransmits"), (int, float)):
         out["retransmits"] = float(sent["retransmits"])
     return out
@@ -108,8 +148,9 @@ def server_argv(address: str, port: int) -> list[str]:
     return ["iperf3", "-s", "-1", "-B", address, "-p", str(port), "--forceflush"]
 
 
-def client_command(address: str, port: int, time_s: int, streams: int, reverse: bool,
-                   udp: bool = False, bitrate: str | None = None) -> str:
+def client_command(
+    address: str, port: int, time_s: int, streams: int, reverse: bool, udp: bool = False, bitrate: str | None = None
+) -> str:
     argv = ["iperf3", "-c", address, "-p", str(port), "-J", "-t", str(time_s), "-P", str(streams)]
     if udp:
         argv += ["-u", "-b", str(bitrate)]
@@ -127,6 +168,7 @@ def _positive_int(workload: str, name: str, value: Any, upper: int | None = None
 
 class _Iperf3:
     name = ""
+    network = True  # its load goes through the client side: one lane at a time (lab.runner.measure)
     udp = False
     defaults: dict[str, Any] = {}
 
@@ -137,30 +179,36 @@ class _Iperf3:
         _positive_int(self.name, "port", p["port"], 65535)
         dirs = p["directions"] if isinstance(p["directions"], (list, tuple)) else [p["directions"]]
         if not dirs or any(d not in DIRECTIONS for d in dirs) or len(set(dirs)) != len(dirs):
-            raise UsageError(f"{self.name}: directions must list \"tx\" and/or \"rx\" once each, "
-                             f"got {p['directions']!r}")
+            raise UsageError(f'{self.name}: directions must list "tx" and/or "rx" once each, got {p["directions"]!r}')
         p["directions"] = list(dirs)
         if self.udp and (not isinstance(p["bitrate"], str) or not p["bitrate"].strip()):
-            raise UsageError(f"{self.name}: bitrate must be a string such as \"100M\", got {p['bitrate']!r}")
+            raise UsageError(f'{self.name}: bitrate must be a string such as "100M", got {p["bitrate"]!r}')
         return p
 
     def commands(self, ctx: WorkloadContext) -> list[tuple[str, list[str], str]]:
         """[(direction, server argv on the client side (unwrapped), guest command)]."""
         p = self.params(ctx)
         addr = ctx.client.address
-        return [(d, server_argv(addr, p["port"]),
-                 client_command(addr, p["port"], p["time"], p["streams"], DIRECTIONS[d], self.udp,
-                                p.get("bitrate")))
-                for d in p["directions"]]
+        return [
+            (
+                d,
+                server_argv(addr, p["port"]),
+                client_command(addr, p["port"], p["time"], p["streams"], DIRECTIONS[d], self.udp, p.get("bitrate")),
+            )
+            for d in p["directions"]
+        ]
 
     def prepare(self, ctx: WorkloadContext) -> None:
         self.params(ctx)
         require_guest_tool(ctx, "iperf3", self.name)
-        res = proc.run(ctx.client.argv(["iperf3", "--version"]), timeout=30, check=False,
-                       what="iperf3 on the client side")
+        res = proc.run(
+            ctx.client.argv(["iperf3", "--version"]), timeout=30, check=False, what="iperf3 on the client side"
+        )
         if not res.ok:
-            raise LabError(f"{self.name}: iperf3 does not run on the client side: "
-                           f"{first_line(res.stderr or res.stdout)}", hint="run `make setup`")
+            raise LabError(
+                f"{self.name}: iperf3 does not run on the client side: {first_line(res.stderr or res.stdout)}",
+                hint="run `make setup`",
+            )
 
     def run(self, ctx: WorkloadContext, repetition: int) -> RawOutput:
         p = self.params(ctx)
@@ -174,8 +222,13 @@ class _Iperf3:
     def _one(self, ctx: WorkloadContext, srv: list[str], cmd: str, time_s: int):
         """Start the one-shot server, wait until it listens, run the guest client, reap the server."""
         addr, port = srv[srv.index("-B") + 1], srv[srv.index("-p") + 1]
-        with client_server(ctx, srv, ready="Server listening", what=f"{self.name}: the iperf3 server on {addr}",
-                           hint=f"is port {port} on {addr} in use?") as server:
+        with client_server(
+            ctx,
+            srv,
+            ready="Server listening",
+            what=f"{self.name}: the iperf3 server on {addr}",
+            hint=f"is port {port} on {addr} in use?",
+        ) as server:
             r = run_guest_load(ctx, self.name, cmd, timeout=time_s + 60)
             if r.returncode == 0 and not _reports_error(r.stdout):
                 try:
@@ -188,6 +241,7 @@ class _Iperf3:
         samples: list[Sample] = []
         tags: list[str] = []
         tag_labels: dict[str, dict] = {}
+        run_labels: dict = {}
         for tag, rc, text in split_segments(raw.stdout):
             try:
                 r = parse_iperf3_json(text, self.name)
@@ -197,21 +251,23 @@ class _Iperf3:
                 tag = "rx" if r["reverse"] else "tx"
             if (r["protocol"] == "udp") != self.udp:
                 raise LabError(f"{self.name}: the JSON is a {r['protocol'].upper()} test")
-            labels = {"direction": tag, "streams": r["streams"]}
+            labels: dict[str, Any] = {"direction": tag, "streams": r["streams"]}
             if self.udp and raw.params.get("bitrate"):
                 labels["bitrate"] = raw.params["bitrate"]
+            labels = flag(labels, exit_status_problem("iperf3", rc), r.get(UNMEASURED, ""))
+            run_labels = flag_run(run_labels, tag, labels)
             tags.append(tag)
             tag_labels[tag] = labels
-            samples.append(Sample(f"throughput_mbit_s_{tag}", r["throughput_mbit_s"], "Mbit/s", True, dict(labels)))
+            rows = [(f"throughput_mbit_s_{tag}", "throughput_mbit_s", "Mbit/s", True)]
             if self.udp:
-                samples.append(Sample(f"jitter_ms_{tag}", r["jitter_ms"], "ms", False, dict(labels)))
-                samples.append(Sample(f"loss_pct_{tag}", r["loss_pct"], "%", False, dict(labels)))
-            elif "retransmits" in r:
-                samples.append(Sample(f"retransmits_{tag}", r["retransmits"], "count", False, dict(labels)))
+                rows += [(f"jitter_ms_{tag}", "jitter_ms", "ms", False), (f"loss_pct_{tag}", "loss_pct", "%", False)]
+            elif "retransmits" in r:  # absent where the sender cannot count them (BSD): unknown, not a failure
+                rows.append((f"retransmits_{tag}", "retransmits", "count", False))
+            samples += segment_samples(tag, r, rows, labels)
         if any(f"cpu_before.{t}" in raw.extra for t in tags):
-            samples += cpu_samples(raw, tags=tags, tag_labels=tag_labels)
+            samples += cpu_samples(raw, tags=tags, tag_labels=tag_labels, labels=run_labels)
         else:
-            samples += cpu_samples(raw)
+            samples += cpu_samples(raw, labels=run_labels)
         return samples
 
 
@@ -224,8 +280,7 @@ class Iperf3Tcp(_Iperf3):
 class Iperf3Udp(_Iperf3):
     name = "iperf3-udp"
     udp = True
-    defaults: dict[str, Any] = {"time": 10, "streams": 1, "bitrate": "100M", "directions": ["tx", "rx"],
-                                "port": 5201}
+    defaults: dict[str, Any] = {"time": 10, "streams": 1, "bitrate": "100M", "directions": ["tx", "rx"], "port": 5201}
 
 
 IPERF3_TCP = register(Iperf3Tcp())

@@ -28,19 +28,19 @@ from typing import Any
 
 from lab.errors import LabError, UsageError
 from lab.model import RawOutput, Sample
-from lab.workloads import WorkloadContext, register
-from lab.workloads import containers, gitrepo
-from lab.workloads.cpu import (SegmentLog, choices, cpu_samples, effective_params, first_line, int_param,
-                               run_guest_load, split_segments)
-from lab.workloads.git_clone import prepare_places
+from lab.workloads import WorkloadContext, containers, gitrepo, register
+from lab.workloads.cpu import cpu_samples, run_guest_load
+from lab.workloads.toolkit import SegmentLog, choices, effective_params, first_line, int_param, split_segments
 
 STEPS = ("from", "packages", "clone", "make", "install", "copy", "extra")
 CONTEXT_DIR = "/var/tmp/lab-build"
 BUILD_TAG = "localhost/lab-build:latest"
 START, RC = "@@lab-build-start@@", re.compile(r"^@@lab-build-rc=(-?\d+)@@$")
-EXTRA_C = ('#include <stdio.h>\n'
-           'int main(void) { unsigned long s = 0; for (unsigned long i = 0; i < 3000000UL; i++) s += i % 7;\n'
-           '    printf("lab-extra %lu\\n", s); return 0; }\n')
+EXTRA_C = (
+    "#include <stdio.h>\n"
+    "int main(void) { unsigned long s = 0; for (unsigned long i = 0; i < 3000000UL; i++) s += i % 7;\n"
+    '    printf("lab-extra %lu\\n", s); return 0; }\n'
+)
 ENGINES = ("podman", "docker")
 NETWORKS = ("default", "host")
 
@@ -56,13 +56,15 @@ def containerfile(os_name: str, url: str) -> str:
         make = "make -C /src"
     else:
         raise UsageError(f"podman-build: no container engine on {os_name}")
-    return (f"FROM {containers.BASE_IMAGE}\n"
-            f"RUN {install}\n"
-            f"RUN git clone -q {url} /src\n"
-            f"RUN {make}\n"
-            f"RUN {make} install PREFIX=/usr/local\n"
-            "COPY extra.c /extra/extra.c\n"
-            f"RUN {cc} -o /usr/local/bin/lab-extra /extra/extra.c && /usr/local/bin/lab-extra\n")
+    return (
+        f"FROM {containers.BASE_IMAGE}\n"
+        f"RUN {install}\n"
+        f"RUN git clone -q {url} /src\n"
+        f"RUN {make}\n"
+        f"RUN {make} install PREFIX=/usr/local\n"
+        "COPY extra.c /extra/extra.c\n"
+        f"RUN {cc} -o /usr/local/bin/lab-extra /extra/extra.c && /usr/local/bin/lab-extra\n"
+    )
 
 
 def stamper(os_name: str) -> str:
@@ -85,8 +87,10 @@ def build_load(os_name: str, engine: str, network: str) -> str:
     cleanup = f"{engine} rmi -f {BUILD_TAG} >/dev/null 2>&1; "
     if engine == "podman":
         cleanup += "podman image prune -f >/dev/null 2>&1; "
-    return (f"(cd {CONTEXT_DIR} && {{ echo {START}; {env}{shlex.join(argv)} 2>&1; echo \"@@lab-build-rc=$?@@\"; "
-            f"{cleanup}}} | {stamper(os_name)})")
+    return (
+        f'(cd {CONTEXT_DIR} && {{ echo {START}; {env}{shlex.join(argv)} 2>&1; echo "@@lab-build-rc=$?@@"; '
+        f"{cleanup}}} | {stamper(os_name)})"
+    )
 
 
 _STEP = re.compile(r"^(?:STEP|Step) (\d+)/(\d+) ?: ?(.*)$")
@@ -103,8 +107,10 @@ def parse_build_output(text: str, steps: tuple[str, ...] = STEPS, workload: str 
         except ValueError:
             continue  # not a stamped line
     if not lines or lines[0][1] != START:
-        raise LabError(f"{workload}: no stamped build output; first line of output: {first_line(text)!r}",
-                       hint="the raw output is stored; fix the parser and run `lab reparse`")
+        raise LabError(
+            f"{workload}: no stamped build output; first line of output: {first_line(text)!r}",
+            hint="the raw output is stored; fix the parser and run `lab reparse`",
+        )
     t0 = lines[0][0]
     rc_at = next(((t, int(m.group(1))) for t, s in lines if (m := RC.match(s))), None)
     if rc_at is None:
@@ -124,8 +130,7 @@ def parse_build_output(text: str, steps: tuple[str, ...] = STEPS, workload: str 
         tail = [s for _, s in lines if s and not RC.match(s)][-3:]
         raise LabError(f"{workload}: the build failed with exit status {rc_at[1]}: {' | '.join(tail)}")
     if total_steps != len(steps) or sorted(starts) != list(range(1, len(steps) + 1)):
-        raise LabError(f"{workload}: expected {len(steps)} steps, the output shows "
-                       f"{sorted(starts)} of {total_steps}")
+        raise LabError(f"{workload}: expected {len(steps)} steps, the output shows {sorted(starts)} of {total_steps}")
     if end_at is None:
         raise LabError(f"{workload}: no COMMIT / 'Successfully built' line after the last step")
     for k, name in enumerate(steps, start=1):
@@ -137,8 +142,16 @@ def parse_build_output(text: str, steps: tuple[str, ...] = STEPS, workload: str 
 
 class PodmanBuild:
     name = "podman-build"
-    defaults: dict[str, Any] = {"files": 2000, "file_kib": 16, "commits": 4, "network": ["default", "host"],
-                                "engines": ["podman", "docker"], "port": 9418, "timeout": 3600}
+    network = True  # its load goes through the client side: one lane at a time (lab.runner.measure)
+    defaults: dict[str, Any] = {
+        "files": 2000,
+        "file_kib": 16,
+        "commits": 4,
+        "network": ["default", "host"],
+        "engines": ["podman", "docker"],
+        "port": 9418,
+        "timeout": 3600,
+    }
 
     def params(self, ctx: WorkloadContext) -> dict[str, Any]:
         p = effective_params(self.defaults, ctx.params)
@@ -164,14 +177,17 @@ class PodmanBuild:
 
     def prepare(self, ctx: WorkloadContext) -> None:
         p = self.params(ctx)
-        prepare_places(ctx, self.name, ["default"])
+        containers.prepare_places(ctx, self.name, ["default"])
         have = {}
         for e in p["engines"]:
             res = ctx.guest.run(f"sh -c {shlex.quote(f'command -v {e}')}", timeout=30, check=False)
             have[e] = res.returncode == 0 and bool(res.stdout.strip())
         if have.get("docker"):  # give Docker the same base image, from podman's store
-            ctx.guest.run(f"docker image inspect {containers.BASE_IMAGE} >/dev/null 2>&1 || "
-                          f"podman save {containers.BASE_IMAGE} | docker load", timeout=600)
+            ctx.guest.run(
+                f"docker image inspect {containers.BASE_IMAGE} >/dev/null 2>&1 || "
+                f"podman save {containers.BASE_IMAGE} | docker load",
+                timeout=600,
+            )
         ctx.facts["engines"] = have
         ctx.facts["repo"] = gitrepo.ensure(gitrepo.check_shape(self.name, p))
         url = gitrepo.url(ctx.client.address, p["port"])
@@ -194,9 +210,17 @@ class PodmanBuild:
                 r = run_guest_load(ctx, self.name, load, timeout=p["timeout"] + 300)
                 log.extra[f"server_log.{tag}"] = server.log()
             log.add_load(tag, r, load)
-        return log.raw({**p, "vcpus": ctx.vcpus, "repetition": repetition, "os": ctx.os, "steps": list(STEPS),
-                        "containerfile": containerfile(ctx.os, gitrepo.url(ctx.client.address, p["port"])),
-                        **repo.facts()})
+        return log.raw(
+            {
+                **p,
+                "vcpus": ctx.vcpus,
+                "repetition": repetition,
+                "os": ctx.os,
+                "steps": list(STEPS),
+                "containerfile": containerfile(ctx.os, gitrepo.url(ctx.client.address, p["port"])),
+                **repo.facts(),
+            }
+        )
 
     def parse(self, raw: RawOutput) -> list[Sample]:
         samples: list[Sample] = []
@@ -204,7 +228,7 @@ class PodmanBuild:
         tag_labels: dict[str, dict] = {}
         steps = tuple(raw.params.get("steps") or STEPS)
         if raw.stdout.strip():
-            for tag, rc, text in split_segments(raw.stdout):
+            for tag, _rc, text in split_segments(raw.stdout):
                 engine, _, network = tag.partition("-")
                 try:
                     r = parse_build_output(text, steps, self.name)
@@ -219,8 +243,9 @@ class PodmanBuild:
             if key.startswith("na."):
                 tag = key[3:]
                 engine, _, network = tag.partition("-")
-                samples.append(Sample(f"na_{tag}", 1.0, "n/a", None,
-                                      {"engine": engine, "network": network, "na": reason}))
+                samples.append(
+                    Sample(f"na_{tag}", 1.0, "n/a", None, {"engine": engine, "network": network, "na": reason})
+                )
         if tags:
             samples += cpu_samples(raw, tags=tags, tag_labels=tag_labels)
         return samples

@@ -20,26 +20,71 @@ import re
 import shlex
 import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 from lab import osfacts, proc
 from lab.errors import LabError, UsageError
 from lab.model import RawOutput, Sample
 from lab.workloads import WorkloadContext, register
-from lab.workloads.cpu import (SegmentLog, choices, cpu_samples, effective_params, first_line, int_param,
-                               snapshot, split_segments)
+from lab.workloads.cpu import cpu_samples, snapshot
+from lab.workloads.toolkit import (
+    UNMEASURED,
+    Parsed,
+    SegmentLog,
+    choices,
+    effective_params,
+    first_line,
+    flag,
+    flag_run,
+    int_param,
+    segment_samples,
+    split_segments,
+)
 
 DIRECTIONS = ("tx", "rx")
 GUEST_FILE = "/var/tmp/lab-scp.bin"
 _TRANSFERRED = re.compile(r"Transferred: sent (\d+), received (\d+) bytes, in ([0-9]+(?:\.[0-9]+)?) seconds")
 
 
-def scp_argv(*, key: str, user: str, address: str, port: int, direction: str, local: str,
-             remote: str, cipher: str = "") -> list[str]:
+def scp_argv(
+    *,
+    key: str,
+    user: str,
+    address: str,
+    port: int,
+    direction: str,
+    local: str,
+    remote: str,
+    cipher: str = "",
+    known_hosts: Path | None = None,
+) -> list[str]:
+    """`known_hosts`: the file with the guest's host keys (lab.images.known_hosts); the guest must
+    present one of them. Without it the host key is not checked (a guest whose image predates them)."""
     host = f"[{address}]" if ":" in address else address
-    argv = ["scp", "-i", str(key), "-P", str(port), "-o", "BatchMode=yes", "-o", "IdentitiesOnly=yes",
-            "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "ControlPath=none",
-            "-o", "ConnectTimeout=10", "-o", "LogLevel=VERBOSE"]
+    checked = (
+        ["-o", "StrictHostKeyChecking=yes", "-o", f"UserKnownHostsFile={known_hosts}"]
+        if known_hosts
+        else ["-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null"]
+    )
+    argv = [
+        "scp",
+        "-i",
+        str(key),
+        "-P",
+        str(port),
+        "-o",
+        "BatchMode=yes",
+        "-o",
+        "IdentitiesOnly=yes",
+        *checked,
+        "-o",
+        "ControlPath=none",
+        "-o",
+        "ConnectTimeout=10",
+        "-o",
+        "LogLevel=VERBOSE",
+    ]
     if cipher:
         argv += ["-c", cipher]
     if direction == "tx":
@@ -47,24 +92,32 @@ def scp_argv(*, key: str, user: str, address: str, port: int, direction: str, lo
     return argv + [local, f"{user}@{host}:{remote}"]
 
 
-def parse_scp_output(text: str, file_bytes: int, direction: str, workload: str = "scp") -> dict[str, float]:
-    """ssh's VERBOSE "Transferred:" line -> seconds, throughput_mb_s, sent, received."""
+def parse_scp_output(text: str, file_bytes: int, direction: str, workload: str = "scp") -> Parsed:
+    """ssh's VERBOSE "Transferred:" line -> seconds, throughput_mb_s, sent, received (a time of 0.0 s
+    gives neither seconds nor a rate: the reason is under UNMEASURED)."""
     found = _TRANSFERRED.findall(text or "")
     if not found:
-        raise LabError(f"{workload}: no 'Transferred: sent ..., received ... bytes, in ... seconds' line "
-                       f"(did the copy fail?); first line of output: {first_line(text)!r}",
-                       hint="the raw output is stored; fix the parser and run `lab reparse`")
+        raise LabError(
+            f"{workload}: no 'Transferred: sent ..., received ... bytes, in ... seconds' line "
+            f"(did the copy fail?); first line of output: {first_line(text)!r}",
+            hint="the raw output is stored; fix the parser and run `lab reparse`",
+        )
     sent, received, seconds = (float(x) for x in found[-1])
     moved = received if direction == "tx" else sent
     if moved < file_bytes:
         raise LabError(f"{workload}: the session moved {moved:.0f} bytes, less than the {file_bytes} bytes file")
-    if seconds <= 0:
-        raise LabError(f"{workload}: ssh reports the copy took 0.0 s; use a larger size_mib")
+    if seconds <= 0:  # ssh's 0.1 s resolution: no rate, not an infinite one
+        return {
+            "sent": sent,
+            "received": received,
+            UNMEASURED: "ssh reports the copy took 0.0 s (0.1 s resolution): use a larger size_mib",
+        }
     return {"seconds": seconds, "throughput_mb_s": file_bytes / 1e6 / seconds, "sent": sent, "received": received}
 
 
 class Scp:
     name = "scp"
+    network = True  # its load goes through the client side: one lane at a time (lab.runner.measure)
     defaults: dict[str, Any] = {"size_mib": 64, "directions": ["tx", "rx"], "cipher": ""}
 
     def params(self, ctx: WorkloadContext) -> dict[str, Any]:
@@ -72,7 +125,7 @@ class Scp:
         int_param(self.name, "size_mib", p["size_mib"], 1, 65536)
         p["directions"] = choices(self.name, "directions", p["directions"], DIRECTIONS)
         if not isinstance(p["cipher"], str) or not re.fullmatch(r"[A-Za-z0-9@.+-]*", p["cipher"]):
-            raise UsageError(f"{self.name}: cipher must be an OpenSSH cipher name (or \"\"), got {p['cipher']!r}")
+            raise UsageError(f'{self.name}: cipher must be an OpenSSH cipher name (or ""), got {p["cipher"]!r}')
         return p
 
     def estimate_seconds(self, p: dict[str, Any]) -> float:
@@ -85,9 +138,22 @@ class Scp:
         g = ctx.guest
         out = []
         for d in p["directions"]:
-            out.append((d, scp_argv(key=str(g.key), user=g.user, address=g.address, port=g.port, direction=d,
-                                    local="/dev/null" if d == "tx" else local,
-                                    remote=GUEST_FILE if d == "tx" else "/dev/null", cipher=p["cipher"])))
+            out.append(
+                (
+                    d,
+                    scp_argv(
+                        key=str(g.key),
+                        user=g.user,
+                        address=g.address,
+                        port=g.port,
+                        direction=d,
+                        local="/dev/null" if d == "tx" else local,
+                        remote=GUEST_FILE if d == "tx" else "/dev/null",
+                        cipher=p["cipher"],
+                        known_hosts=ctx.known_hosts,
+                    ),
+                )
+            )
         return out
 
     def prepare(self, ctx: WorkloadContext) -> None:
@@ -95,9 +161,14 @@ class Scp:
         size = p["size_mib"] * 1048576
         if "tx" in p["directions"]:
             # dd with a byte count (bs=1048576) so GNU and BSD dd read it alike.
-            ctx.guest.run("sh -c " + shlex.quote(
-                f"[ -f {GUEST_FILE} ] && [ \"$(wc -c < {GUEST_FILE})\" -eq {size} ] || "
-                f"dd if=/dev/urandom of={GUEST_FILE} bs=1048576 count={p['size_mib']} 2>/dev/null"), timeout=600)
+            ctx.guest.run(
+                "sh -c "
+                + shlex.quote(
+                    f'[ -f {GUEST_FILE} ] && [ "$(wc -c < {GUEST_FILE})" -eq {size} ] || '
+                    f"dd if=/dev/urandom of={GUEST_FILE} bs=1048576 count={p['size_mib']} 2>/dev/null"
+                ),
+                timeout=600,
+            )
         res = proc.run(ctx.client.argv(["scp", "-h"]), timeout=30, check=False, what="scp on the client side")
         if "usage" not in (res.stdout + res.stderr).lower():
             raise LabError(f"{self.name}: scp does not run on the client side", hint="run `make setup`")
@@ -117,8 +188,16 @@ class Scp:
                 before = snapshot(ctx.guest, ticks_cmd)
                 res = proc.run(ctx.client.argv(argv), timeout=3600, check=False, what="scp")
                 after = snapshot(ctx.guest, ticks_cmd)
-                log.add(d, res.returncode, res.stderr + res.stdout, before, after, started=log.started,
-                        seconds=res.seconds, command=shlex.join(argv))
+                log.add(
+                    d,
+                    res.returncode,
+                    res.stderr + res.stdout,
+                    before,
+                    after,
+                    started=log.started,
+                    seconds=res.seconds,
+                    command=shlex.join(argv),
+                )
                 log.extra[f"wall_seconds.{d}"] = f"{res.seconds:.3f}"
         return log.raw({**p, "vcpus": ctx.vcpus, "repetition": repetition, "file_bytes": size})
 
@@ -126,6 +205,7 @@ class Scp:
         samples: list[Sample] = []
         tags: list[str] = []
         tag_labels: dict[str, dict] = {}
+        run_labels: dict = {}
         size = int(raw.params.get("file_bytes") or raw.params.get("size_mib", 0) * 1048576)
         for tag, rc, text in split_segments(raw.stdout):
             try:
@@ -133,15 +213,27 @@ class Scp:
             except LabError as exc:
                 msg = exc.message + (f" (scp exit status {rc})" if rc else "")
                 raise LabError(f"{msg} [{tag}]", exc.hint) from None
-            labels = {"direction": tag, "size_mib": size // 1048576, "cipher": raw.params.get("cipher") or "default"}
+            labels = flag(
+                {"direction": tag, "size_mib": size // 1048576, "cipher": raw.params.get("cipher") or "default"},
+                r.get(UNMEASURED, ""),
+            )
+            run_labels = flag_run(run_labels, tag, labels)
             tags.append(tag)
             tag_labels[tag] = labels
-            samples += [Sample(f"throughput_mb_s_{tag}", r["throughput_mb_s"], "MB/s", True, dict(labels)),
-                        Sample(f"seconds_{tag}", r["seconds"], "s", False, dict(labels))]
+            samples += segment_samples(
+                tag,
+                r,
+                [
+                    (f"throughput_mb_s_{tag}", "throughput_mb_s", "MB/s", True),
+                    (f"seconds_{tag}", "seconds", "s", False),
+                ],
+                labels,
+            )
             if f"wall_seconds.{tag}" in raw.extra:
-                samples.append(Sample(f"wall_seconds_{tag}", float(raw.extra[f"wall_seconds.{tag}"]), "s", False,
-                                      dict(labels)))
-        return samples + cpu_samples(raw, tags=tags, tag_labels=tag_labels)
+                samples.append(
+                    Sample(f"wall_seconds_{tag}", float(raw.extra[f"wall_seconds.{tag}"]), "s", False, dict(labels))
+                )
+        return samples + cpu_samples(raw, tags=tags, tag_labels=tag_labels, labels=run_labels)
 
 
 SCP = register(Scp())

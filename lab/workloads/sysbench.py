@@ -14,9 +14,21 @@ from typing import Any
 from lab.errors import LabError, UsageError
 from lab.model import RawOutput, Sample
 from lab.workloads import WorkloadContext, register
-from lab.workloads.cpu import (SegmentLog, cpu_samples, effective_params, first_line,
-                               require_guest_tool, run_guest_load, split_segments,
-                               with_run_context)
+from lab.workloads.cpu import cpu_samples, run_guest_load
+from lab.workloads.toolkit import (
+    UNMEASURED,
+    Parsed,
+    SegmentLog,
+    effective_params,
+    exit_status_problem,
+    first_line,
+    flag,
+    flag_run,
+    require_guest_tool,
+    segment_samples,
+    split_segments,
+    with_run_context,
+)
 
 _NUM = r"([0-9]+(?:\.[0-9]+)?)"
 
@@ -29,8 +41,10 @@ def _find(pattern: str, text: str) -> str | None:
 def _fail(workload: str, text: str, why: str) -> LabError:
     fatal = next((ln.strip() for ln in text.splitlines() if ln.strip().startswith("FATAL")), None)
     shown = fatal or first_line(text)
-    return LabError(f"{workload}: {why}; first line of output: {shown!r}",
-                    hint="the raw output is stored; fix the parser and run `lab reparse`")
+    return LabError(
+        f"{workload}: {why}; first line of output: {shown!r}",
+        hint="the raw output is stored; fix the parser and run `lab reparse`",
+    )
 
 
 def _common(text: str) -> dict[str, float]:
@@ -49,39 +63,58 @@ def _common(text: str) -> dict[str, float]:
     return out
 
 
-def parse_cpu_output(text: str, workload: str = "sysbench-cpu") -> dict[str, float]:
-    """`sysbench cpu run` output -> events_per_s, latency_avg_ms, latency_p95_ms, total_time_s, ..."""
+def _nothing_measured(out: dict, what: str) -> dict:
+    """`out` without the latencies sysbench prints as 0.00 when nothing ran, and with the reason."""
+    for key in ("latency_avg_ms", "latency_p95_ms"):
+        out.pop(key, None)
+    out[UNMEASURED] = f"sysbench {what}" + (f" in {out['total_time_s']:g} s" if "total_time_s" in out else "")
+    return out
+
+
+def parse_cpu_output(text: str, workload: str = "sysbench-cpu") -> Parsed:
+    """`sysbench cpu run` output -> events_per_s, latency_avg_ms, latency_p95_ms, total_time_s, ...
+
+    A run that completed no event (a rate limit, a time too short for one event) measured no rate and
+    no latency: sysbench prints 0.00 for both, which are left out, with the reason under UNMEASURED."""
     if not text or not text.strip():
         raise _fail(workload, text, "sysbench printed nothing")
-    out = _common(text)
+    out: dict = _common(text)
     eps = _find(r"events per second:\s*" + _NUM, text)
-    if eps is not None:
-        out["events_per_s"] = float(eps)
-    elif out.get("total_time_s") and "total_events" in out:  # 1.1 builds / 0.4: no "CPU speed:" block
-        out["events_per_s"] = out["total_events"] / out["total_time_s"]
-    else:
+    if eps is None and not (out.get("total_time_s") and "total_events" in out):
         raise _fail(workload, text, "no 'events per second' and no total events/time in sysbench cpu output")
+    if out.get("total_events") == 0 or (eps is not None and float(eps) == 0 and "total_events" not in out):
+        return _nothing_measured(out, "completed no event")
+    if eps is not None and float(eps) > 0:
+        out["events_per_s"] = float(eps)
+    else:  # 1.1 builds / 0.4 print no "CPU speed:" block; 1.0 prints 0.00 below 0.005 events/s
+        out["events_per_s"] = out["total_events"] / out["total_time_s"]
     if "latency_avg_ms" not in out or "latency_p95_ms" not in out:
         raise _fail(workload, text, "no latency avg/95th percentile in sysbench cpu output")
     return out
 
 
-def parse_memory_output(text: str, workload: str = "sysbench-memory") -> dict[str, float]:
+def parse_memory_output(text: str, workload: str = "sysbench-memory") -> Parsed:
     """`sysbench memory run` output -> mib_per_s, operations_per_s, total_time_s, ...
 
-    sysbench 0.4 says "MB" but means 2^20 bytes (it divides by 1024*1024), so it is MiB too."""
+    sysbench 0.4 says "MB" but means 2^20 bytes (it divides by 1024*1024), so it is MiB too. A run of
+    no operation (a total size below one block) measured no rate: its 0.00 MiB/sec is left out, with
+    the reason under UNMEASURED."""
     if not text or not text.strip():
         raise _fail(workload, text, "sysbench printed nothing")
-    out = _common(text)
+    out: dict = _common(text)
     m = re.search(_NUM + r"\s+Mi?B transferred \(\s*" + _NUM + r"\s+Mi?B/sec\)", text)
     if not m:
         raise _fail(workload, text, "no 'MiB transferred (... MiB/sec)' line in sysbench memory output")
     out["mib_transferred"] = float(m.group(1))
-    out["mib_per_s"] = float(m.group(2))
-    ops = re.search(r"(?:Total operations|Operations performed):\s*(\d+)\s*\(\s*" + _NUM
-                    + r"\s*(?:per second|ops/sec)\)", text)
+    ops = re.search(
+        r"(?:Total operations|Operations performed):\s*(\d+)\s*\(\s*" + _NUM + r"\s*(?:per second|ops/sec)\)", text
+    )
     if ops:
         out["operations"] = float(ops.group(1))
+    if out.get("operations", out["mib_transferred"]) == 0:
+        return _nothing_measured(out, "did no memory operation")
+    out["mib_per_s"] = float(m.group(2))
+    if ops:
         out["operations_per_s"] = float(ops.group(2))
     return out
 
@@ -91,16 +124,26 @@ def parse_memory_output(text: str, workload: str = "sysbench-memory") -> dict[st
 
 
 def cpu_command(threads: int, time_s: int, max_prime: int = 20000) -> str:
-    return shlex.join(["sysbench", "cpu", f"--cpu-max-prime={max_prime}", f"--threads={threads}",
-                       f"--time={time_s}", "run"])
+    return shlex.join(
+        ["sysbench", "cpu", f"--cpu-max-prime={max_prime}", f"--threads={threads}", f"--time={time_s}", "run"]
+    )
 
 
 def memory_command(block_size: str, operation: str, time_s: int, threads: int = 1) -> str:
     # --memory-total-size=0: no byte limit, so --time alone ends the run (the default 100G would
     # end a fast host's run early and make runs of different lengths).
-    return shlex.join(["sysbench", "memory", f"--memory-block-size={block_size}",
-                       f"--memory-oper={operation}", "--memory-total-size=0", f"--threads={threads}",
-                       f"--time={time_s}", "run"])
+    return shlex.join(
+        [
+            "sysbench",
+            "memory",
+            f"--memory-block-size={block_size}",
+            f"--memory-oper={operation}",
+            "--memory-total-size=0",
+            f"--threads={threads}",
+            f"--time={time_s}",
+            "run",
+        ]
+    )
 
 
 def thread_plan(spec: Any, vcpus: int) -> list[tuple[str, int]]:
@@ -116,7 +159,7 @@ def thread_plan(spec: Any, vcpus: int) -> list[tuple[str, int]]:
         elif isinstance(item, int) and not isinstance(item, bool) and item >= 1:
             plan.append(("1t" if item == 1 else f"{item}t", item))
         else:
-            raise UsageError(f"sysbench-cpu: threads entry {item!r} must be a positive integer or \"vcpus\"")
+            raise UsageError(f'sysbench-cpu: threads entry {item!r} must be a positive integer or "vcpus"')
     if not plan:
         raise UsageError("sysbench-cpu: threads must list at least one setting")
     tags = [t for t, _ in plan]
@@ -163,7 +206,7 @@ class SysbenchCpu:
     def run(self, ctx: WorkloadContext, repetition: int) -> RawOutput:
         p = self.params(ctx)
         log = SegmentLog(self.name)
-        for tag, n, cmd in self.commands(ctx):
+        for tag, _n, cmd in self.commands(ctx):
             log.add_load(tag, run_guest_load(ctx, self.name, cmd, timeout=p["time"] + 120), cmd)
         return log.raw({**p, "vcpus": ctx.vcpus, "repetition": repetition})
 
@@ -171,27 +214,34 @@ class SysbenchCpu:
         samples: list[Sample] = []
         tags: list[str] = []
         tag_labels: dict[str, dict] = {}
+        run_labels: dict = {}
         for tag, rc, text in split_segments(raw.stdout):
             try:
                 r = parse_cpu_output(text, self.name)
             except LabError as exc:
                 raise with_run_context(exc, "sysbench", rc or raw.returncode, raw.stderr) from None
-            threads = int(r.get("threads", 0))
+            threads = int(r["threads"]) if "threads" in r else None
             if not tag:  # output stored without segment headers: name it from the thread count
                 vcpus = raw.params.get("vcpus")
-                tag = "1t" if threads == 1 else ("nt" if threads == vcpus else f"{threads}t")
-            labels = {"threads": threads}
+                tag = "1t" if threads == 1 else ("nt" if threads == vcpus else f"{threads or ''}t")
+            labels = flag({"threads": threads}, exit_status_problem("sysbench", rc), r.get(UNMEASURED, ""))
+            run_labels = flag_run(run_labels, tag, labels)
+            samples += segment_samples(
+                tag,
+                r,
+                [
+                    (f"events_per_s_{tag}", "events_per_s", "events/s", True),
+                    (f"latency_avg_ms_{tag}", "latency_avg_ms", "ms", False),
+                    (f"latency_p95_ms_{tag}", "latency_p95_ms", "ms", False),
+                ],
+                labels,
+            )
             tags.append(tag)
             tag_labels[tag] = labels
-            samples += [
-                Sample(f"events_per_s_{tag}", r["events_per_s"], "events/s", True, dict(labels)),
-                Sample(f"latency_avg_ms_{tag}", r["latency_avg_ms"], "ms", False, dict(labels)),
-                Sample(f"latency_p95_ms_{tag}", r["latency_p95_ms"], "ms", False, dict(labels)),
-            ]
         if any(f"cpu_before.{t}" in raw.extra for t in tags):
-            samples += cpu_samples(raw, tags=tags, tag_labels=tag_labels)
+            samples += cpu_samples(raw, tags=tags, tag_labels=tag_labels, labels=run_labels)
         else:
-            samples += cpu_samples(raw)
+            samples += cpu_samples(raw, labels=run_labels)
         return samples
 
 
@@ -221,23 +271,22 @@ class SysbenchMemory:
         p = self.params(ctx)
         cmd = self.command(ctx)
         r = run_guest_load(ctx, self.name, cmd, timeout=p["time"] + 120)
-        return RawOutput(workload=self.name, command=cmd, stdout=r.stdout, stderr=r.stderr,
-                         returncode=r.returncode, started=r.started, seconds=r.seconds,
-                         params={**p, "vcpus": ctx.vcpus, "repetition": repetition},
-                         extra={"cpu_before": r.cpu_before, "cpu_after": r.cpu_after})
+        return r.raw(self.name, cmd, {**p, "vcpus": ctx.vcpus, "repetition": repetition})
 
     def parse(self, raw: RawOutput) -> list[Sample]:
         try:
             r = parse_memory_output(raw.stdout, self.name)
         except LabError as exc:
             raise with_run_context(exc, "sysbench", raw.returncode, raw.stderr) from None
-        labels = {k: raw.params[k] for k in ("block_size", "operation") if k in raw.params}
+        labels: dict[str, Any] = {k: raw.params[k] for k in ("block_size", "operation") if k in raw.params}
         if "threads" in r:
             labels["threads"] = int(r["threads"])
-        samples = [Sample("throughput_mib_s", r["mib_per_s"], "MiB/s", True, dict(labels))]
-        if "operations_per_s" in r:
-            samples.append(Sample("operations_per_s", r["operations_per_s"], "ops/s", True, dict(labels)))
-        return samples + cpu_samples(raw)
+        labels = flag(labels, exit_status_problem("sysbench", raw.returncode), r.get(UNMEASURED, ""))
+        rows = [
+            ("throughput_mib_s", "mib_per_s", "MiB/s", True),
+            ("operations_per_s", "operations_per_s", "ops/s", True),
+        ]
+        return segment_samples("", r, rows, labels) + cpu_samples(raw, labels=labels)
 
 
 SYSBENCH_CPU = register(SysbenchCpu())

@@ -95,7 +95,9 @@ fi
 
 # --- the version report --------------------------------------------------------------------------
 pkgver() { dpkg-query -W -f='${Version}' "$1" 2>/dev/null || echo ""; }
+# shellcheck disable=SC1003  # not a quote escape: tr itself reads \r and \\ (CR and backslash)
 first() { "$@" 2>&1 | head -n 1 | tr -d '\r"\\' ; }
+# shellcheck disable=SC2012  # the names are kernel versions: no blanks or newlines to mangle
 kernels=$(ls /lib/modules | tr '\n' ' ' | sed 's/ $//')
 kernels_json=$(for k in $kernels; do printf '"%s",' "$k"; done | sed 's/,$//')
 {

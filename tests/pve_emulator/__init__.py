@@ -8,6 +8,7 @@ guest agent. See server.py; qemu.py backs started VMs with real QEMU guests of t
 
 from .certs import CertSet, make_ca, make_certs
 from .schema import Schema, validate
-from .server import PveEmulator, PveError
+from .server import PveEmulator
+from .state import PveError
 
 __all__ = ["CertSet", "PveEmulator", "PveError", "Schema", "make_ca", "make_certs", "validate"]

@@ -18,10 +18,32 @@ class CertSet:
 def make_ca(directory: Path, name: str = "lab-test-ca") -> tuple[Path, Path]:
     directory.mkdir(parents=True, exist_ok=True)
     key, crt = directory / f"{name}.key", directory / f"{name}.pem"
-    proc.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
-              "-nodes", "-keyout", key, "-out", crt, "-days", "2", "-subj", f"/CN={name}",
-              "-addext", "basicConstraints=critical,CA:TRUE",
-              "-addext", "keyUsage=critical,keyCertSign,cRLSign"], timeout=30, what="openssl req (CA)")
+    proc.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-keyout",
+            key,
+            "-out",
+            crt,
+            "-days",
+            "2",
+            "-subj",
+            f"/CN={name}",
+            "-addext",
+            "basicConstraints=critical,CA:TRUE",
+            "-addext",
+            "keyUsage=critical,keyCertSign,cRLSign",
+        ],
+        timeout=30,
+        what="openssl req (CA)",
+    )
     return key, crt
 
 
@@ -31,12 +53,48 @@ def make_certs(directory: Path) -> CertSet:
     ca_key, ca_crt = make_ca(directory)
     key, csr, crt = directory / "server.key", directory / "server.csr", directory / "server.pem"
     ext = directory / "server.ext"
-    ext.write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\n"
-                   "extendedKeyUsage=serverAuth\n")
-    proc.run(["openssl", "req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-              "-keyout", key, "-out", csr, "-subj", "/CN=pve-emulator"], timeout=30,
-             what="openssl req (server)")
-    proc.run(["openssl", "x509", "-req", "-in", csr, "-CA", ca_crt, "-CAkey", ca_key,
-              "-CAcreateserial", "-out", crt, "-days", "2", "-extfile", ext], timeout=30,
-             what="openssl x509 (sign)")
+    ext.write_text(
+        "subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n"
+    )
+    proc.run(
+        [
+            "openssl",
+            "req",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-keyout",
+            key,
+            "-out",
+            csr,
+            "-subj",
+            "/CN=pve-emulator",
+        ],
+        timeout=30,
+        what="openssl req (server)",
+    )
+    proc.run(
+        [
+            "openssl",
+            "x509",
+            "-req",
+            "-in",
+            csr,
+            "-CA",
+            ca_crt,
+            "-CAkey",
+            ca_key,
+            "-CAcreateserial",
+            "-out",
+            crt,
+            "-days",
+            "2",
+            "-extfile",
+            ext,
+        ],
+        timeout=30,
+        what="openssl x509 (sign)",
+    )
     return CertSet(ca_crt, crt, key)

@@ -4,8 +4,9 @@ The "node" is a network namespace the test made, holding the bridge (`vmbr0`) th
 started VM is a QEMU of the golden image in that namespace, with a tap on the bridge, started the way
 PVE starts a template clone (`qm showcmd`, reduced):
 
-- the bootloader: no direct kernel boot. SeaBIOS (or OVMF with `bios=ovmf`) boots the disk on
-  virtio-scsi (`scsi0`), GRUB the kernel, as on a real node;
+- the bootloader: no direct kernel boot. SeaBIOS (or OVMF with `bios=ovmf`) boots the disk on the
+  bus of its config key (`scsi0`: virtio-scsi, `virtio0`, `sata0`, `ide0`), GRUB the kernel, as on a
+  real node;
 - `ipconfig0`/`sshkeys`/`ciuser` (cloud-init): a NoCloud ISO labelled `cidata` on `ide2`, made as PVE's
   `PVE::QemuServer::Cloudinit` makes it (`genisoimage -R -V cidata`; network-config version 1,
   user-data, meta-data). `ip=dhcp` is the one translation: the emulator plays the DHCP server and
@@ -62,8 +63,18 @@ class QemuGuest:
 
 
 class QemuBacking:
-    def __init__(self, image: ImageRef, *, netns: str, workdir: Path, key: Path, subnet: str,
-                 bridge: str = "vmbr0", prefix: int = 24, accel: Accel = Accel.TCG):
+    def __init__(
+        self,
+        image: ImageRef,
+        *,
+        netns: str,
+        workdir: Path,
+        key: Path,
+        subnet: str,
+        bridge: str = "vmbr0",
+        prefix: int = 24,
+        accel: Accel = Accel.TCG,
+    ):
         self.image, self.netns, self.workdir, self.key = image, netns, Path(workdir), Path(key)
         self.subnet, self.bridge, self.prefix, self.accel = subnet, bridge, prefix, accel
         self.gateway = f"{subnet}.1"
@@ -74,13 +85,17 @@ class QemuBacking:
 
     def make_disk(self, dst: Path, src: Path, *, linked: bool) -> None:
         if linked:
-            proc.run(["qemu-img", "create", "-q", "-f", "qcow2", "-b", str(Path(src).resolve()), "-F", "qcow2",
-                      str(dst)], what="qemu-img create (linked clone)")
+            proc.run(
+                ["qemu-img", "create", "-q", "-f", "qcow2", "-b", str(Path(src).resolve()), "-F", "qcow2", str(dst)],
+                what="qemu-img create (linked clone)",
+            )
         else:
-            proc.run(["cp", "--reflink=auto", "--sparse=always", str(src), str(dst)], timeout=600,
-                     what="full clone copy")
+            proc.run(
+                ["cp", "--reflink=auto", "--sparse=always", str(src), str(dst)], timeout=600, what="full clone copy"
+            )
 
-    def start(self, vmid: int, config: dict, disk: Path, *, ip: str, prefix: int, gateway: str) -> QemuGuest:
+    def start(self, vmid: int, config: dict, disk: Path, *, bus: str, ip: str, prefix: int, gateway: str) -> QemuGuest:
+        """QEMU for a started VM: `disk` on `bus` (the prefix of its config key: scsi, virtio, sata, ide)."""
         m = NET0.match(str(config.get("net0", "")))
         if m is None:
             raise LabError(f"VM {vmid}: net0 {config.get('net0')!r} has no model=MAC")
@@ -96,25 +111,55 @@ class QemuBacking:
         (vmdir / "cidata").mkdir()
         for fname, text in files.items():
             (vmdir / "cidata" / fname).write_text(text)
-        proc.run(["genisoimage", "-quiet", "-R", "-V", "cidata", "-o", vmdir / "cidata.iso", vmdir / "cidata"],
-                 timeout=60, what="genisoimage (cloud-init drive)")
+        proc.run(
+            ["genisoimage", "-quiet", "-R", "-V", "cidata", "-o", vmdir / "cidata.iso", vmdir / "cidata"],
+            timeout=60,
+            what="genisoimage (cloud-init drive)",
+        )
         shutil.rmtree(vmdir / "cidata")
-        argv = [QEMU, "-name", f"{name},process={name}", "-machine", f"pc,accel={self.accel.value}",
-                "-nodefaults", "-no-user-config", "-display", "none",
-                "-smp", str(vcpus), "-m", str(memory),
-                *disk_args(DiskBus.SCSI, Path(disk).resolve()),
-                "-drive", f"file={vmdir / 'cidata.iso'},if=ide,index=2,media=cdrom,format=raw,readonly=on",
-                "-netdev", f"tap,id=n0,ifname=pvetap{vmid},script=no,downscript=no",
-                "-device", f"{NIC_DEVICE[NicModel(m.group('model'))]},netdev=n0,mac={mac},romfile=",
-                "-serial", f"file:{vmdir / 'console.log'}",
-                "-pidfile", str(vmdir / "qemu.pid")]
+        argv = [
+            QEMU,
+            "-name",
+            f"{name},process={name}",
+            "-machine",
+            f"pc,accel={self.accel.value}",
+            "-nodefaults",
+            "-no-user-config",
+            "-display",
+            "none",
+            "-smp",
+            str(vcpus),
+            "-m",
+            str(memory),
+            *disk_args(DiskBus(bus), Path(disk).resolve()),
+            "-drive",
+            f"file={vmdir / 'cidata.iso'},if=ide,index=2,media=cdrom,format=raw,readonly=on",
+            "-netdev",
+            f"tap,id=n0,ifname=pvetap{vmid},script=no,downscript=no",
+            "-device",
+            f"{NIC_DEVICE[NicModel(m.group('model'))]},netdev=n0,mac={mac},romfile=",
+            "-serial",
+            f"file:{vmdir / 'console.log'}",
+            "-pidfile",
+            str(vmdir / "qemu.pid"),
+        ]
         if uefi:
             shutil.copyfile(OVMF_VARS, vmdir / "efivars.fd")
-            argv += ["-drive", f"if=pflash,format=raw,unit=0,readonly=on,file={OVMF_CODE}",
-                     "-drive", f"if=pflash,format=raw,unit=1,file={vmdir / 'efivars.fd'}"]
+            argv += [
+                "-drive",
+                f"if=pflash,format=raw,unit=0,readonly=on,file={OVMF_CODE}",
+                "-drive",
+                f"if=pflash,format=raw,unit=1,file={vmdir / 'efivars.fd'}",
+            ]
         if _enabled(config.get("agent", "0")):
-            argv += ["-chardev", f"socket,id=qga0,path={vmdir / 'qga.sock'},server=on,wait=off",
-                     "-device", "virtio-serial-pci", "-device", "virtserialport,chardev=qga0,name=org.qemu.guest_agent.0"]
+            argv += [
+                "-chardev",
+                f"socket,id=qga0,path={vmdir / 'qga.sock'},server=on,wait=off",
+                "-device",
+                "virtio-serial-pci",
+                "-device",
+                "virtserialport,chardev=qga0,name=org.qemu.guest_agent.0",
+            ]
         if self.accel is Accel.KVM:
             argv += ["-cpu", "host"]
         tap = f"pvetap{vmid}"
@@ -156,10 +201,12 @@ def nocloud_files(vmid: int, config: dict, *, ip: str, prefix: int, gateway: str
     emulator's DHCP stand-in for ip=dhcp)."""
     m = NET0.match(str(config.get("net0", "")))
     mac = m.group("mac") if m else ""
-    net = ("version: 1\nconfig:\n"
-           f"    - type: physical\n      name: eth0\n      mac_address: {mac}\n      subnets:\n"
-           f"        - type: static\n          address: {ip}/{prefix}\n"
-           + (f"          gateway: {gateway}\n" if gateway else ""))
+    net = (
+        "version: 1\nconfig:\n"
+        f"    - type: physical\n      name: eth0\n      mac_address: {mac}\n      subnets:\n"
+        f"        - type: static\n          address: {ip}/{prefix}\n"
+        + (f"          gateway: {gateway}\n" if gateway else "")
+    )
     user = f"#cloud-config\nhostname: {config.get('name') or f'VM{vmid}'}\nmanage_etc_hosts: true\n"
     ciuser = config.get("ciuser")
     if ciuser:

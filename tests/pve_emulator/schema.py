@@ -22,7 +22,7 @@ import ipaddress
 import json
 import re
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import lab
@@ -31,9 +31,22 @@ SCHEMA_DIR = Path(lab.PROJECT_ROOT).parent / "shared" / "pve"
 SCHEMA_FILES = {"7.4": "apidata-7.4.json", "8.4": "apidata.json", "9.1": "apidata-9.1.json"}
 
 # qemu-server limits for numbered options whose description does not state them
-INDEX_LIMITS = {"net": 31, "ipconfig": 31, "ide": 3, "sata": 5, "scsi": 30, "virtio": 15,
-                "unused": 255, "hostpci": 15, "numa": 7, "serial": 3, "usb": 14, "virtiofs": 9,
-                "parallel": 2, "mp": 255}
+INDEX_LIMITS = {
+    "net": 31,
+    "ipconfig": 31,
+    "ide": 3,
+    "sata": 5,
+    "scsi": 30,
+    "virtio": 15,
+    "unused": 255,
+    "hostpci": 15,
+    "numa": 7,
+    "serial": 3,
+    "usb": 14,
+    "virtiofs": 9,
+    "parallel": 2,
+    "mp": 255,
+}
 
 TRUE_WORDS = {"1", "on", "yes", "true"}
 FALSE_WORDS = {"0", "off", "no", "false"}
@@ -83,7 +96,7 @@ class Schema:
         return lookup_property(props, name)
 
 
-@lru_cache(maxsize=None)
+@cache
 def _load(version: str) -> dict[str, dict]:
     path = SCHEMA_DIR / SCHEMA_FILES[version]
     with open(path, encoding="utf-8") as fh:
@@ -114,8 +127,12 @@ def lookup_property(props: dict, name: str) -> dict | None:
     return None
 
 
-def validate(method_schema: dict, params: dict[str, str], *, strict_booleans: bool = True,
-             ) -> tuple[dict[str, object], dict[str, str]]:
+def validate(
+    method_schema: dict,
+    params: dict[str, str],
+    *,
+    strict_booleans: bool = True,
+) -> tuple[dict[str, object], dict[str, str]]:
     """Check params (all strings, path params included) against a method schema.
 
     Returns (typed values, errors); errors maps parameter name to PVE's message."""
@@ -127,8 +144,7 @@ def validate(method_schema: dict, params: dict[str, str], *, strict_booleans: bo
         spec = lookup_property(props, name)
         if spec is None:
             if not pschema.get("additionalProperties", 0):
-                errors[name] = ("property is not defined in schema and the schema does not allow "
-                                "additional properties")
+                errors[name] = "property is not defined in schema and the schema does not allow additional properties"
             else:
                 typed[name] = value
             continue
@@ -149,8 +165,9 @@ def validate(method_schema: dict, params: dict[str, str], *, strict_booleans: bo
     return typed, errors
 
 
-def check_value(name: str, value: object, spec: dict, *, strict_booleans: bool = True,
-                in_property_string: bool = False) -> tuple[str | None, object]:
+def check_value(
+    name: str, value: object, spec: dict, *, strict_booleans: bool = True, in_property_string: bool = False
+) -> tuple[str | None, object]:
     """One value against one schema. Returns (error message or None, typed value)."""
     typ = spec.get("type", "string")
     sval = value if isinstance(value, str) else str(value)
@@ -199,8 +216,9 @@ def check_value(name: str, value: object, spec: dict, *, strict_booleans: bool =
             if not re.fullmatch(py, sval):
                 return "value does not match the regex pattern", None
     if "enum" in spec and sval not in [str(e) for e in spec["enum"]]:
-        return (f"value '{sval}' does not have a value in the enumeration "
-                f"'{', '.join(str(e) for e in spec['enum'])}'"), None
+        return (
+            f"value '{sval}' does not have a value in the enumeration '{', '.join(str(e) for e in spec['enum'])}'"
+        ), None
     fmt = spec.get("format")
     if isinstance(fmt, str):
         try:
@@ -232,8 +250,7 @@ def parse_property_string(fmt: dict, text: str) -> tuple[dict[str, str], dict[st
             continue
         spec = fmt.get(key)
         if spec is None:
-            errors[key] = ("property is not defined in schema and the schema does not allow "
-                           "additional properties")
+            errors[key] = "property is not defined in schema and the schema does not allow additional properties"
             continue
         if "alias" in spec:
             if "keyAlias" in spec:  # e.g. virtio=MAC: model=virtio, macaddr=MAC
@@ -255,8 +272,9 @@ def parse_property_string(fmt: dict, text: str) -> tuple[dict[str, str], dict[st
     for key, val in list(values.items()):  # keyAlias values are enum-checked like the real key
         spec = fmt.get(key, {})
         if "enum" in spec and str(val) not in [str(e) for e in spec["enum"]]:
-            errors[key] = (f"value '{val}' does not have a value in the enumeration "
-                           f"'{', '.join(str(e) for e in spec['enum'])}'")
+            errors[key] = (
+                f"value '{val}' does not have a value in the enumeration '{', '.join(str(e) for e in spec['enum'])}'"
+            )
     return errors, values
 
 

@@ -1,0 +1,330 @@
+"""The Backend seam: make and remove machines, stop at an SSH address.
+
+Everything the runner, gc, the CLI and the report ask of a hypervisor is a method here, and every
+backend implements all of it: where a backend cannot do something it says so by raising
+NotSupported (a UsageError: one line, exit status 2), never by lacking the method.
+
+A backend is a package `lab/backends/<name>/` with
+- `settings.py`: its typed, frozen `HostSettings` model (the `[hosts.NAME]` table of lab.toml)
+  and `capabilities(settings)`: what it can make, answered without touching the host;
+- `backend.py`: the `Backend` subclass, built from those settings;
+and one line in `lab.backends.REGISTRY`. lab.config builds the `[hosts.*]` union from the
+registry; nothing outside the package names a backend.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+
+from pydantic import BaseModel, ConfigDict, field_validator
+
+from lab import images
+from lab.errors import SettingError, UsageError
+from lab.hostload import LoadWindow, UnknownWindow
+from lab.model import Client, CloneKind, DiskBus, ImageRef, NicModel, Owned, Vm, VmSpec
+
+if TYPE_CHECKING:
+    from lab.guest import Guest
+
+
+class HostSettings(BaseModel):
+    """One `[hosts.NAME]` table. Subclasses add their keys with their defaults, once; lab.config
+    validates them (errors name file, key and value) and hands the record to the backend."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=False)
+
+    backend: str
+    # Measured VMs of the lab up at once on this host (its lane, lab.runner.lanes). Only 1 for now:
+    # one measured VM per host at a time, so the lab's VMs never disturb each other's figures.
+    slots: int = 1
+    # Where this host's load generators (iperf3, wrk, ssh/scp clients) run. Only "local" (this
+    # machine) for now; network measurements of different lanes take turns on it.
+    client: str = "local"
+
+    @field_validator("slots")
+    @classmethod
+    def _slots(cls, v: int) -> int:
+        if v != 1:
+            raise ValueError("only 1 is supported (one measured VM per host at a time)")
+        return v
+
+    @field_validator("client")
+    @classmethod
+    def _client(cls, v: str) -> str:
+        if v != "local":
+            raise ValueError('only "local" is supported (the load generators run on this machine)')
+        return v
+
+    def problems(self) -> list[tuple[str, object, str]]:
+        """Checks across keys: (key, value, problem) for each, first one reported."""
+        return []
+
+
+class NotSupported(UsageError):
+    """The backend of a host cannot do what was asked (publish, bare metal, warm start, ...)."""
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a host can make, known from its settings alone (used by `lab plan` before anything
+    exists; a backend may narrow it once it has talked to the host, in `check`)."""
+
+    description: str  # "local QEMU", "libvirt/bhyve", "Proxmox VE": how errors name the host's kind
+    nic_models: frozenset[NicModel]
+    disk_buses: frozenset[DiskBus]
+    clone_kinds: frozenset[CloneKind] = frozenset(CloneKind)
+    boot_modes: frozenset[str] = frozenset({"kernel"})  # of an image's manifest "boot": kernel, bios, uefi
+    max_vcpus: int = 128
+    max_memory_mib: int = 1024 * 1024
+    snapshots: bool = False  # memory snapshots (warm start)
+    bare_metal: bool = False  # can run the suite on the host itself (the baseline cell)
+    lab_side_link: bool = False  # the lab reaches the VM's link on the host: netem can go there
+    publish: bool = True  # `lab images publish NAME HOST`
+    # the host is the machine the lab runs on: a run waits for it to be quiet before each
+    # repetition unless told otherwise ([suite] quiet_host)
+    local_host: bool = False
+    # feature -> why it is missing, for the plan's one-line refusal
+    missing: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class BackendEnv:
+    """What every backend gets besides its settings."""
+
+    source: str  # the lab.toml the settings came from (errors name it)
+    base_dir: Path  # its folder: relative paths in settings are relative to it
+    state_dir: Path  # private to this machine's lab (locks, caches): root-owned, mode 0700
+    ssh_key: Path  # the lab's private key; its public half is ssh_key.with_suffix(".pub")
+
+
+def default_env(source: str = "lab.toml") -> BackendEnv:
+    """The environment of a backend built outside a lab (tests, the benchmark)."""
+    import lab
+    from lab.runlock import RUN_LOCK_DIR
+
+    return BackendEnv(source=source, base_dir=Path.cwd(), state_dir=RUN_LOCK_DIR, ssh_key=lab.IMAGES_DIR / "lab_key")
+
+
+@dataclass(frozen=True)
+class Link:
+    """A VM's network link as the lab can reach it on the host (for netem on the lab side)."""
+
+    dev: str  # e.g. the VM's tap
+    netns: str | None = None  # the namespace the device lives in
+
+
+class BareMetalHost(Protocol):
+    """The host itself set up as a cell (Backend.bare_metal): its own namespace on the run's bridge
+    and its own CPU accounting. destroy(vm) removes it like a VM."""
+
+    vm: Vm  # what Backend.destroy tears down
+    guest: Any  # runs the cell's commands on the host, inside the cell's namespace and accounting
+    address: str  # the cell's address on the run's bridge
+    facts: dict[str, Any]
+
+    def describe(self) -> dict[str, Any]:
+        """What the cell runs on (its `verify`): vcpus, mem_kib, kernel, nic_driver."""
+        ...
+
+    def effective_tuning(self) -> dict[str, Any]:
+        """Nothing is tuned on a host; what is in effect is read back (the `tuning` facts)."""
+        ...
+
+    def start_web(self, image: str) -> str | None:
+        """Serve `image`'s site (http/https workloads) from the cell; None, or why it cannot."""
+        ...
+
+
+@dataclass
+class PlainClient:
+    """A client on this machine, optionally inside a network namespace."""
+
+    address: str
+    netns: str | None = None
+
+    def argv(self, argv: list[str]) -> list[str]:
+        if not self.netns:
+            return list(argv)
+        from lab import proc
+
+        return proc.netns_prefix(self.netns) + list(argv)
+
+
+class Backend(abc.ABC):
+    name: ClassVar[str]  # registry key, e.g. "local"
+    settings_model: ClassVar[type[HostSettings]]
+
+    def __init__(self, host_name: str, settings: HostSettings, env: BackendEnv | None = None):
+        self.host_name = host_name
+        self.settings = settings
+        self.env = env or default_env()
+
+    # -- what it can make (no host contact) -------------------------------------------------------
+    @classmethod
+    @abc.abstractmethod
+    def capabilities(cls, settings: HostSettings) -> Capabilities:
+        """What a host with these settings can make, from the settings alone."""
+
+    @classmethod
+    def plan_check(cls, host_name: str, settings: HostSettings, specs: Sequence[VmSpec]) -> None:
+        """Can this host make every spec? Raises SettingError naming the lab.toml key (a matrix axis
+        or a host setting) and value. The default checks the capabilities; a backend adds its own
+        rules by extending it."""
+        caps = cls.capabilities(settings)
+        where = f"host {host_name!r} ({caps.description})"
+        for spec in specs:
+            check_spec(caps, spec, where)
+
+    # -- the host ------------------------------------------------------------------------------------
+    @abc.abstractmethod
+    def check(self) -> None:
+        """Reach the host and verify credentials and prerequisites. Raises UsageError subclasses
+        (UnreachableError, AuthError, SettingError) before anything is created."""
+
+    def check_specs(self, specs: Sequence[VmSpec]) -> None:
+        """After check(): can this host, as it now answered, make every spec? (Version gates that
+        plan_check could not know.) Raises SettingError naming the matrix axis or host key. The
+        default repeats plan_check."""
+        self.plan_check(self.host_name, self.settings, specs)
+
+    def check_images(self, images: Sequence[ImageRef]) -> None:  # noqa: B027 - a hook: most backends keep this default
+        """Each image is usable on this host as a cell would use it (published, right recipe).
+        The default accepts every image: backends that use the built image in place."""
+
+    def describe_images(self, images: Sequence[ImageRef]) -> list[str]:
+        """After check(): one line per image (and node where it matters) saying what its cells start
+        from on this host, for `lab plan --check` and `lab run` to print. The default has nothing to say."""
+        return []
+
+    @abc.abstractmethod
+    def facts(self) -> dict[str, Any]:
+        """Facts recorded with every sample of this host (accelerator, versions)."""
+
+    def host_facts(self) -> dict[str, Any]:
+        """The host's fingerprint for `lab snapshot` (CPU, microcode, kernel, tool versions). The
+        default is the backend's facts alone."""
+        return {}
+
+    def host_load(self, vms: Sequence[Vm]) -> LoadWindow:
+        """Start a window over the host's CPU (lab.hostload): its `stop()` says how much CPU
+        anything that is not the lab used meanwhile (`vms`: the run's machines that are up, whose
+        CPU is the lab's), and the CPU steal where the host reports it. Over cumulative counters a
+        backend returns `CounterWindow(read)`, over rates `PollingWindow(poll)`. The default
+        cannot tell."""
+        return UnknownWindow(f"host {self.host_name!r} ({self.name} backend) does not report its CPU load")
+
+    # -- images ---------------------------------------------------------------------------------------
+    def publish_image(self, image: ImageRef) -> str:
+        """Put a built image on the host (`lab images publish`); returns where it went."""
+        raise NotSupported(f"host {self.host_name!r} ({self.name} backend) cannot publish images")
+
+    # -- per run ----------------------------------------------------------------------------------------
+    @abc.abstractmethod
+    def open_run(self, run_id: str) -> Client:
+        """Set up per-run infrastructure (network namespace, run lock, ...) and return the client side."""
+
+    @abc.abstractmethod
+    def close_run(self, run_id: str) -> None:
+        """Remove per-run infrastructure. Idempotent."""
+
+    @abc.abstractmethod
+    def run_is_live(self, run_id: str) -> bool | None:
+        """True while a process on this machine holds the run, False when it is known dead, None
+        when this machine cannot tell (a run of another machine)."""
+
+    # -- per VM -------------------------------------------------------------------------------------------
+    @abc.abstractmethod
+    def clone(self, image: ImageRef, spec: VmSpec) -> Vm:
+        """Create the machine's disk and definition (not started). On failure nothing is left."""
+
+    @abc.abstractmethod
+    def start(self, vm: Vm) -> None:
+        """Power on."""
+
+    @abc.abstractmethod
+    def wait_ready(self, vm: Vm, timeout: float | None = None) -> str:
+        """Wait (bounded, event-driven) until the guest is up; return its address."""
+
+    @abc.abstractmethod
+    def destroy(self, vm: Vm) -> None:
+        """Stop and remove everything clone() and start() made. Idempotent. Raises TeardownError."""
+
+    def console_text(self, vm: Vm) -> str:
+        """What the guest printed on its serial console so far ("" where it cannot be read)."""
+        return ""
+
+    def lab_link(self, vm: Vm) -> Link | None:
+        """The VM's link where the lab can reach it on the host (netem on the lab side), or None."""
+        return None
+
+    def guest(self, vm: Vm, client: Client) -> Guest:
+        """An SSH connection to the VM's guest, made the way this host's guests are reached."""
+        from lab.guest import Guest
+
+        return Guest(
+            vm.address,
+            key=self.env.ssh_key,
+            netns=client.netns,
+            control_dir=vm.control_dir,
+            os=vm.spec.image.os,
+            known_hosts=images.known_hosts(vm.spec.image, [vm.address]),
+        )
+
+    # -- warm start ----------------------------------------------------------------------------------------
+    # A spec with start = "warm" is cloned from a post-boot memory snapshot of its machine shape
+    # (capabilities().snapshots); clone/start/wait_ready do it and record in vm.facts["start"] what
+    # really happened ("warm", or "cold: <why the restore failed>"). The snapshots are the backend's.
+    def warm_snapshots(self) -> list[Owned]:
+        """The warm snapshots this host keeps (kind "warm", name = the shape key, detail = image digest)."""
+        return []
+
+    def remove_warm(self, item: Owned) -> None:
+        """Remove one warm snapshot (its image is gone, or it is stale)."""
+        raise NotSupported(f"host {self.host_name!r} ({self.name} backend) keeps no warm snapshots")
+
+    # -- bare metal ---------------------------------------------------------------------------------------
+    def bare_metal(self, run_id: str, cell_id: str, index: int, expires_at: float, client: Client) -> BareMetalHost:
+        """Set up the host itself as a cell (capabilities().bare_metal); `index` numbers the
+        bare-metal cells of the run from 1. On failure nothing is left."""
+        raise NotSupported(f"host {self.host_name!r} ({self.name} backend) cannot run a bare-metal cell")
+
+    # -- garbage collection ---------------------------------------------------------------------------------
+    @abc.abstractmethod
+    def list_owned(self) -> list[Owned]:
+        """Everything on the host that carries the lab's own marker and a run id (VMs, disks, taps,
+        namespaces, locks). Nothing without the marker is ever listed."""
+
+    @abc.abstractmethod
+    def remove_owned(self, item: Owned) -> None:
+        """Remove one thing list_owned() found (for `lab gc`)."""
+
+
+def check_spec(caps: Capabilities, spec: VmSpec, where: str) -> None:
+    """Pure: a spec against a host's capabilities. SettingError names the matrix axis and value."""
+    for key, value, offered in (
+        ("nic", spec.nic, caps.nic_models),
+        ("disk_bus", spec.disk_bus, caps.disk_buses),
+        ("clone", spec.clone, caps.clone_kinds),
+    ):
+        if value not in offered:
+            raise SettingError(
+                key,
+                value.value,
+                f"not available on {where}, which offers {', '.join(sorted(v.value for v in offered))}",
+                hint="exclude it for this host in [matrix] exclude",
+            )
+    if spec.start == "warm" and not caps.snapshots:
+        raise SettingError(
+            "start",
+            "warm",
+            f"not available on {where}: " + caps.missing.get("snapshots", "it keeps no memory snapshots"),
+            hint='exclude it for this host in [matrix] exclude, or use start = "cold"',
+        )
+    if not 1 <= spec.vcpus <= caps.max_vcpus:
+        raise SettingError("vcpus", spec.vcpus, f"outside 1..{caps.max_vcpus} on {where}")
+    if spec.memory_mib > caps.max_memory_mib:
+        raise SettingError("memory_mib", spec.memory_mib, f"more than {caps.max_memory_mib} MiB on {where}")

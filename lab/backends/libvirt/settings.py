@@ -1,0 +1,275 @@
+"""`[hosts.NAME] backend = "libvirt"`: FreeBSD bhyve (bhyve+ssh://) or QEMU/KVM (qemu:///system,
+qemu+ssh://) through libvirt.
+
+`Settings` is the one place the keys and their defaults live. A key whose default depends on the
+driver (bhyve or qemu: disk_format, bridge, prefix, cpu_mode, client_address, ...) is None here;
+`resolve` fills it in, once, into a `Host`: the record the rest of the package reads. A setting
+the host's driver cannot use (no dataset on bhyve, a guest agent on bhyve, a disk format the
+driver cannot read) is a SettingError from `resolve`, naming `hosts.NAME.key` and the value;
+`lab plan` meets it through the backend's plan_check, before anything exists.
+
+Keys (the user's documentation; `lab.toml` examples in the README):
+
+``uri``            libvirt URI (required): ``bhyve+ssh://root@bsd1/system`` (add ``?keyfile=K&no_tty=1``
+                   for non-interactive SSH), ``bhyve:///system`` when lab runs on the bhyve host,
+                   ``qemu:///system``, ``qemu+ssh://root@kvm1/system``, or ``test:///default`` (contract
+                   tests; see ``flavour``).
+``ssh``            how to reach the host for shell commands (zfs, qemu-img, rm, arp): ssh arguments,
+                   e.g. ``"root@bsd1"`` or ``"-p 2222 -i ~/.ssh/lab root@bsd1"``. Default: derived
+                   from a ``+ssh`` (or ``+libssh``, ``+libssh2``) URI (user, host, port, keyfile);
+                   local URIs run commands here. Required with a remote URI over another transport
+                   (``qemu+tcp://``, ``qemu+tls://``, ``qemu://HOST/``, ``bhyve+tcp://``): without it
+                   the host's commands would run on this machine.
+``dataset``        bhyve: ZFS dataset holding the golden zvols and the clones (required on bhyve).
+                   Clones are ``DATASET/VMNAME`` zvols (``volmode=dev``, user properties ``lab:run``,
+                   ``lab:expires``), used as ``/dev/zvol/DATASET/VMNAME``.
+``golden``         bhyve: the golden snapshot, a format string over ``dataset``, ``image`` and
+                   ``digest``; default ``"{dataset}/{image}@gold"``.
+``firmware``       bhyve: ``uefi`` (default; read-only ``BHYVE_UEFI.fd`` pflash, no NVRAM) or
+                   ``bhyveload`` (FreeBSD guests).
+``loader``         bhyve: UEFI firmware path; default ``/usr/local/share/uefi-firmware/BHYVE_UEFI.fd``.
+``dir``            QEMU: directory on the host for clone disks and console logs
+                   (alias ``pool_dir``; default ``/var/lib/libvirt/images/lab``).
+``pool``           QEMU: a libvirt storage pool whose target path is used instead of ``dir``
+                   (refreshed after clone/remove/publish).
+``images_dir``     QEMU: where golden images live on the host, in the images/ layout (NAME.qcow2,
+                   NAME/vmlinuz, NAME/initrd.img, NAME.json). Default: ``dir`` (the pool's path).
+                   A golden found there whose manifest names another recipe digest is refused;
+                   none there means, on a local host, the image is used where `lab images build`
+                   left it, and on a remote host an error asking for `lab images publish`.
+``disk_format``    QEMU: ``qcow2`` (default) or ``raw`` (only with full clones); bhyve: ``raw`` only.
+``bridge``         host bridge the NIC joins (bhyve default ``bridge0``). With neither ``bridge``
+                   nor ``network`` a QEMU NIC uses user networking (``<interface type='user'>``).
+``network``        a libvirt network instead of a bridge (``<interface type='network'>``; enables
+                   DHCP lease lookup).
+``subnet``         give each VM a static address from this subnet when the cell has none, e.g.
+                   ``"10.78.5.0/24"``: the first free host address from .10 up, skipping the gateway
+                   and addresses recorded in other domains' leases (QEMU direct kernel boot passes it
+                   as ``lab.ip=``).
+``prefix``         prefix length of the static guest address (default: the subnet's, else 24).
+``gateway``        default gateway given to guests (``lab.gw=``); default none (isolated).
+``client_address`` address of the load-generator side as the guests see it (default: ``gateway``).
+``domain_type``    QEMU: ``qemu`` (TCG, default: KVM hangs nested guests on our machines) or ``kvm``.
+``machine``        QEMU machine type (default ``pc``).
+``bios``           QEMU: firmware ROM instead of SeaBIOS, e.g. ``/usr/share/qemu/qboot.rom`` (faster
+                   direct kernel boot under TCG; cannot boot from disk).
+``cpu_mode``       QEMU ``<cpu mode>`` (default none under TCG, ``host-passthrough`` with kvm).
+``boot``           QEMU: ``auto`` (default: direct kernel boot when the image has a kernel),
+                   ``kernel`` or ``disk``.
+``cmdline``        QEMU direct kernel boot: base kernel command line (default: the image
+                   manifest's, else ``console=ttyS0 root=LABEL=labroot rw net.ifnames=0``);
+                   ``lab.ip=ADDR/PREFIX`` and ``lab.gw=GW`` are appended per VM.
+``dac_label``      QEMU: run QEMU under this static DAC label without relabelling files, e.g.
+                   ``"+0:+0"``; default: libvirt's own (libvirt-qemu, files relabelled).
+``guest_agent``    QEMU: add the qemu-guest-agent channel (default false; bhyve: never).
+``flavour``        test:/// URIs only: which template and capabilities to use, ``qemu`` (default)
+                   or ``bhyve``.
+``ssh_port``       guest SSH port probed by ``wait_ready`` (default 22).
+``boot_timeout``   seconds ``wait_ready`` waits when the caller gives no timeout (default 300).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import shlex
+from typing import Literal
+from urllib.parse import parse_qs, urlsplit
+
+from pydantic import AliasChoices, Field, field_validator
+
+from lab.backends.base import Capabilities, HostSettings
+from lab.backends.libvirt.drivers import (
+    DRIVERS,
+    SSH_TRANSPORTS,
+    Driver,
+    DriverCaps,
+    driver_of,
+    remote_without_ssh,
+    uri_scheme,
+    uri_transport,
+)
+from lab.errors import SettingError
+from lab.model import CloneKind
+
+BHYVE_UEFI = "/usr/local/share/uefi-firmware/BHYVE_UEFI.fd"
+DEFAULT_QEMU_DIR = "/var/lib/libvirt/images/lab"
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+class Settings(HostSettings):
+    backend: Literal["libvirt"]
+    uri: str
+    ssh: str | None = None  # default: from a +ssh URI; None on a local URI: commands run here
+    dataset: str | None = None  # bhyve: required
+    golden: str = "{dataset}/{image}@gold"
+    firmware: Literal["uefi", "bhyveload"] = "uefi"  # bhyve
+    loader: str = BHYVE_UEFI  # bhyve
+    dir: str = Field(default=DEFAULT_QEMU_DIR, validation_alias=AliasChoices("dir", "pool_dir"))  # QEMU
+    pool: str = ""  # QEMU: a storage pool whose target path replaces dir
+    images_dir: str = ""  # QEMU: "" = dir (the pool's path)
+    disk_format: Literal["qcow2", "raw"] | None = None  # per driver: bhyve raw, QEMU qcow2
+    bridge: str | None = None  # per driver: bhyve bridge0, QEMU none (user networking)
+    network: str = ""
+    subnet: str | None = None
+    prefix: int | None = Field(default=None, ge=8, le=32)  # default: the subnet's, else 24
+    gateway: str = ""
+    client_address: str | None = None  # default: gateway
+    domain_type: Literal["qemu", "kvm"] = "qemu"  # QEMU
+    machine: str = "pc"  # QEMU
+    bios: str = ""  # QEMU
+    cpu_mode: str | None = None  # QEMU, per domain_type: host-passthrough with kvm, none with qemu
+    boot: Literal["auto", "kernel", "disk"] = "auto"  # QEMU
+    cmdline: str = ""  # QEMU: "" = the image manifest's, else DEFAULT_CMDLINE
+    dac_label: str = ""  # QEMU
+    guest_agent: bool = False  # QEMU only
+    flavour: Literal["qemu", "bhyve"] | None = None  # test:/// URIs only
+    ssh_port: int = Field(default=22, ge=1, le=65535)
+    boot_timeout: float = Field(default=300.0, gt=0, le=3600)
+
+    @field_validator("uri")
+    @classmethod
+    def _uri(cls, v: str) -> str:
+        if "://" not in v:
+            raise ValueError("must be a libvirt URI such as bhyve+ssh://root@bsd1/system or qemu:///system")
+        driver_of(v)  # ValueError naming the driver lab does not drive
+        return v
+
+    def problems(self) -> list[tuple[str, object, str]]:
+        if remote_without_ssh(self.uri) and not self.ssh:
+            return [
+                (
+                    "uri",
+                    self.uri,
+                    f"a remote host over {uri_transport(self.uri)}, not SSH: the host's commands "
+                    f'(zfs, qemu-img, rm, arp) would run on this machine; set ssh = "user@host" '
+                    "too, or use a +ssh URI",
+                )
+            ]
+        return []
+
+    @field_validator("subnet")
+    @classmethod
+    def _subnet(cls, v: str | None) -> str | None:
+        if v is not None:
+            try:
+                ipaddress.ip_network(v, strict=False)
+            except ValueError:
+                raise ValueError("not a network like 10.78.5.0/24") from None
+        return v
+
+
+class Host(Settings):
+    """A libvirt host's settings with every per-driver default filled in (`resolve`)."""
+
+    name: str  # the host's name in lab.toml
+    driver: Driver  # the template and the capability table
+    test_uri: bool  # test:/// (contract tests): no host commands, no consoles, no preflight
+    ssh_args: tuple[str, ...] | None  # ssh arguments that reach the host; None: commands run here
+    dataset: str  # "" on QEMU
+    disk_format: Literal["qcow2", "raw"]
+    bridge: str  # "" = user networking (QEMU)
+    subnet: Network | None  # type: ignore[assignment]  # resolved: the parsed network, where Settings has the text
+    prefix: int
+    client_address: str
+    cpu_mode: str
+
+    @property
+    def where(self) -> str:
+        """How SettingErrors name this host's keys: "hosts.NAME."."""
+        return f"hosts.{self.name}."
+
+    @property
+    def caps(self) -> DriverCaps:
+        return DRIVERS[self.driver]
+
+
+def resolve(host_name: str, settings: Settings) -> Host:
+    """The per-driver defaults, once; SettingError for a setting the driver cannot use."""
+    driver = driver_of(settings.uri, settings.flavour)
+    where = f"hosts.{host_name}."
+    for key, value, problem in settings.problems():
+        raise SettingError(key, value, problem, where=where)
+    if driver == "bhyve":
+        if not (settings.dataset or "").strip("/"):
+            raise SettingError(
+                "dataset",
+                settings.dataset,
+                "a bhyve host needs the ZFS dataset that holds the golden zvols and the clones",
+                hint='e.g. dataset = "zroot/lab"',
+                where=where,
+            )
+        if settings.guest_agent:
+            raise SettingError(
+                "guest_agent",
+                True,
+                "bhyve has no qemu-guest-agent support lab can rely on (libvirt >= 12.4 only, never for IP discovery)",
+                where=where,
+            )
+    disk_format = settings.disk_format or ("raw" if driver == "bhyve" else "qcow2")
+    formats = DRIVERS[driver].disk_formats
+    if disk_format not in formats:
+        raise SettingError(
+            "disk_format",
+            disk_format,
+            f"the {driver} driver reads only {', '.join(sorted(formats))} disks",
+            where=where,
+        )
+    subnet = ipaddress.ip_network(settings.subnet, strict=False) if settings.subnet else None
+    fields = settings.model_dump(
+        exclude={"dataset", "disk_format", "bridge", "subnet", "prefix", "client_address", "cpu_mode"}
+    )
+    return Host(
+        **fields,
+        name=host_name,
+        driver=driver,
+        test_uri=uri_scheme(settings.uri) == "test",
+        ssh_args=_ssh_args(settings),
+        dataset=(settings.dataset or "").strip("/") if driver == "bhyve" else "",
+        disk_format=disk_format,
+        bridge=settings.bridge if settings.bridge is not None else ("bridge0" if driver == "bhyve" else ""),
+        subnet=subnet,
+        prefix=settings.prefix or (subnet.prefixlen if subnet else 24),
+        client_address=settings.client_address if settings.client_address is not None else settings.gateway,
+        cpu_mode=settings.cpu_mode
+        if settings.cpu_mode is not None
+        else ("host-passthrough" if settings.domain_type == "kvm" else ""),
+    )
+
+
+def _ssh_args(settings: Settings) -> tuple[str, ...] | None:
+    """ssh arguments that reach the host: the `ssh` key, else a +ssh URI's user, host, port and
+    keyfile; None for a local URI (host commands run on this machine)."""
+    if settings.ssh:
+        return tuple(shlex.split(settings.ssh))
+    parts = urlsplit(settings.uri)
+    if uri_transport(settings.uri) not in SSH_TRANSPORTS or not parts.hostname:
+        return None
+    args: list[str] = []
+    if parts.port:
+        args += ["-p", str(parts.port)]
+    keyfile = parse_qs(parts.query).get("keyfile")
+    if keyfile:
+        args += ["-i", keyfile[0]]
+    args.append(f"{parts.username}@{parts.hostname}" if parts.username else parts.hostname)
+    return tuple(args)
+
+
+def capabilities(settings: Settings) -> Capabilities:
+    """What the host's driver (from its URI alone) can make."""
+    caps = DRIVERS[driver_of(settings.uri, settings.flavour)]
+    snapshots = "save-restore" in caps.features
+    return Capabilities(
+        description=f"libvirt/{caps.driver}",
+        nic_models=caps.nics,
+        disk_buses=caps.disk_buses,
+        clone_kinds=frozenset(CloneKind),
+        boot_modes=caps.boot_modes,
+        max_vcpus=caps.max_vcpus,
+        snapshots=snapshots,
+        missing={}
+        if snapshots
+        else {
+            "snapshots": "libvirt's bhyve driver has no save/restore (bhyve's own snapshots need a kernel built "
+            "with BHYVE_SNAPSHOT, which libvirt does not drive): cold boots only"
+        },
+    )

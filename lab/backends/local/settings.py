@@ -1,0 +1,67 @@
+"""`[hosts.NAME] backend = "local"`: QEMU on this machine."""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from pathlib import PurePosixPath
+from typing import Literal
+
+from pydantic import Field, field_validator
+
+from lab.backends.base import Capabilities, HostSettings
+from lab.model import CloneKind, DiskBus, NicModel
+
+
+class Settings(HostSettings):
+    backend: Literal["local"]
+    accel: Literal["auto", "kvm", "tcg"] = "auto"
+    # clones, pidfiles, consoles, leases; shared by runs so `lab gc` finds them. Default: "local" in
+    # the lab's private state directory (lab.statedir, BackendEnv.state_dir). Root acts on what
+    # is found there, so it must be this user's alone (checked before a run: lab.statedir.check)
+    workdir: str | None = None
+    subnet: str = "10.77.0"  # /24 inside the run's own network namespace
+    boot_timeout: float = Field(default=240.0, gt=0, le=3600)
+
+    @field_validator("workdir")
+    @classmethod
+    def _workdir(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        if re.search(r"[\x00-\x1f\x7f]", v):
+            raise ValueError("holds a control character")
+        p = PurePosixPath(v)
+        if not p.is_absolute():
+            raise ValueError("must be an absolute path (it is shared by every lab of this machine)")
+        if ".." in p.parts or str(p) == "/":
+            raise ValueError("must be a directory of its own (no '..', not /)")
+        return str(p)
+
+    @field_validator("subnet")
+    @classmethod
+    def _subnet(cls, v: str) -> str:
+        # three octets: the run's bridge is <subnet>.1, its VMs .10-.249, bare-metal cells .250-
+        if not re.fullmatch(r"\d{1,3}\.\d{1,3}\.\d{1,3}", v) or any(int(o) > 255 for o in v.split(".")):
+            raise ValueError('must be the first three octets of a /24, such as "10.77.0"')
+        v = ".".join(str(int(o)) for o in v.split("."))  # 010 is 10, not octal
+        net = ipaddress.IPv4Network(f"{v}.0/24")
+        if v.startswith("0.") or net.is_loopback or net.is_multicast or net.is_reserved or net.is_link_local:
+            raise ValueError("is not a usable unicast range (0/8, loopback, link-local, multicast or reserved)")
+        return v
+
+
+def capabilities(settings: Settings) -> Capabilities:
+    return Capabilities(
+        description="local QEMU",
+        nic_models=frozenset(NicModel),
+        disk_buses=frozenset(DiskBus),
+        clone_kinds=frozenset(CloneKind),
+        boot_modes=frozenset({"kernel"}),
+        max_vcpus=128,
+        snapshots=True,  # warm start: lab.backends.local.warm
+        bare_metal=True,
+        lab_side_link=True,
+        # the host is this machine: a run waits for it to be quiet before each measured repetition
+        # ([suite] quiet_host defaults to "wait"; lab.backends.local.hostload measures it)
+        local_host=True,
+    )

@@ -1,0 +1,221 @@
+"""`[hosts.NAME] backend = "proxmox"`: a Proxmox VE node or cluster through its API.
+
+The one place the keys of a Proxmox host and their defaults live; the backend reads
+`self.settings.<key>` and nothing else. Light on purpose (pydantic only): lab.config and `lab plan`
+import it without loading proxmoxer.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+
+from lab.backends.base import Capabilities, HostSettings
+from lab.backends.proxmox.tls import normalise
+from lab.model import CloneKind, DiskBus, NicModel
+
+PVE_NODE = r"^[a-zA-Z0-9]([a-zA-Z0-9\-]*[a-zA-Z0-9])?$"  # PVE's pve-node format
+
+
+class Timeouts(BaseModel):
+    """`timeouts = { clone = 600, ... }`: seconds per phase."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    http: float = Field(30.0, gt=0, le=86400)  # one API call
+    # how long an idempotent call (GET; stop or delete of the lab's own VM) is retried on a lost
+    # connection, a 5xx or a lock timeout when its operation has no deadline of its own
+    retry: float = Field(60.0, gt=0, le=86400)
+    clone: float = Field(600.0, gt=0, le=86400)  # the clone task (and its lock retries)
+    config: float = Field(60.0, gt=0, le=86400)  # configuring a clone; the address lock
+    start: float = Field(120.0, gt=0, le=86400)
+    stop: float = Field(120.0, gt=0, le=86400)  # PVE's stop `timeout` (then it kills QEMU); its task may outlast it
+    # the teardown deadline: stop + delete keep trying (locks, lost connections, a slow stop task)
+    # this long, then the VM is left to `lab gc` with one line naming it and its lock holder
+    destroy: float = Field(300.0, gt=0, le=86400)
+    ready: float = Field(600.0, gt=0, le=86400)  # when wait_ready is given no timeout
+    agent: float = Field(60.0, gt=0, le=86400)  # the guest agent, before the static address or ARP
+    publish: float = Field(1800.0, gt=0, le=86400)  # upload + import + template
+
+
+class Settings(HostSettings):
+    backend: Literal["proxmox"]
+    url: str  # https://pve1.example:8006
+    node: str  # holds the template; `lab images publish` puts it there
+    # where clones may run (default: [node]); a node without its own template of the same name gets
+    # clones through `target=` (shared storage)
+    nodes: list[str] | None = None
+    # pack: the first listed node that is online with the memory free (a comparison shares a node);
+    # spread: the node with the fewest of this run's VMs so far, then the most free memory
+    placement: Literal["pack", "spread"] = "pack"
+    storage: str = "local-lvm"  # full clones and published templates (linked clones stay with the template)
+    import_storage: str = "local"  # receives the upload of `lab images publish`
+    bridge: str = "vmbr0"  # of net0
+    template: str | int = "lab-{image}"  # a VMID, or a name; "{image}" becomes the image's name
+    token: str | None = None  # "env:NAME" or "file:/path" holding user@realm!tokenid=SECRET
+    user: str | None = None  # ticket login (user@realm) with password; an expired ticket is renewed once
+    password: str | None = None  # "env:NAME" or "file:/path"
+    verify_tls: bool = True
+    # the cluster CA (/etc/pve/pve-root-ca.pem) to verify against; relative to lab.toml's folder.
+    # Read when lab.toml is: a missing or unreadable file is an error naming it, before anything runs
+    ca_file: str | None = None
+    # or: the node certificate itself, pinned by its SHA-256 fingerprint as PVE's GUI shows it
+    # (Node > System > Certificates): "sha256:AB:CD:…". Checked on every connection, instead of a CA
+    fingerprint: str | None = None
+    # clone and destroy calls in flight at once per node and per storage (from this process, all
+    # hosts on the same cluster together): PVE serialises them behind locks that time out after 10 s
+    concurrency: int = Field(default=1, ge=1, le=32)
+    cpu_type: str = "host"
+    ci_user: str = "lab"  # cloud-init user
+    ssh_keys: str | list[str] | None = None  # public keys for cloud-init (default: the lab's key)
+    client_address: str = ""  # this machine as the guests see it (iperf3/wrk servers)
+    client_netns: str = ""  # load generators and SSH run in this network namespace of this machine
+    # static guest addresses (cloud-init ipconfig0): "FIRST-LAST" or a CIDR; "" = DHCP. One in the
+    # ipconfig0 of any lab VM on the cluster is never handed out again
+    addresses: str = ""
+    gateway: str = ""  # of static addresses ("" = none)
+    prefix_len: int = Field(default=24, ge=8, le=30)  # of static addresses
+    guest_agent: bool = True  # False for images without qemu-guest-agent: static address or ARP
+    node_ssh: str = ""  # ssh destination of the node for the ARP fallback, e.g. "root@pve1" ("" = here)
+    timeouts: Timeouts = Timeouts()
+    lock_retries: int = Field(default=6, ge=0, le=100)  # of a clone or start refused by a lock
+    # first backoff between retries, doubled per retry up to 30 s, with jitter (teardown and
+    # idempotent calls retry until their deadline, not a count)
+    retry_backoff: float = Field(default=2.0, gt=0, le=300)
+    poll_interval: float = Field(default=0.25, gt=0, le=60)  # first task/agent poll interval
+    poll_max: float = Field(default=2.0, gt=0, le=600)
+
+    def problems(self) -> list[tuple[str, object, str]]:
+        out: list[tuple[str, object, str]] = []
+        if not self.token and not (self.user and self.password):
+            out.append(("token", None, 'Proxmox needs token = "env:NAME" (an API token), or user and password'))
+        if self.fingerprint and self.ca_file:
+            out.append(
+                ("fingerprint", self.fingerprint, "pins the certificate itself: leave out ca_file (one or the other)")
+            )
+        if self.fingerprint and not self.verify_tls:
+            out.append(("verify_tls", False, "contradicts the pinned fingerprint: leave verify_tls out"))
+        return out
+
+    @property
+    def clone_nodes(self) -> list[str]:
+        """Where clones may run: `nodes`, else the template's `node`."""
+        return list(self.nodes or [self.node])
+
+    @field_validator("node")
+    @classmethod
+    def _node(cls, v: str) -> str:
+        if not re.fullmatch(PVE_NODE, v):
+            raise ValueError("is not a PVE node name (letters, digits and inner dashes)")
+        return v
+
+    @field_validator("nodes")
+    @classmethod
+    def _nodes(cls, v: list[str] | None) -> list[str] | None:
+        for n in v or []:
+            if not re.fullmatch(PVE_NODE, n):
+                raise ValueError(f"{n!r} is not a PVE node name (letters, digits and inner dashes)")
+        if v is not None and not v:
+            raise ValueError("must list at least one node (or leave it out: the `node` alone)")
+        if v is not None and len(set(v)) != len(v):
+            raise ValueError("lists a node twice")
+        return v
+
+    @field_validator("template")
+    @classmethod
+    def _template(cls, v: str | int) -> str | int:
+        if isinstance(v, int) and not 100 <= v <= 999_999_999:
+            raise ValueError("is not a VMID (100 to 999999999)")
+        if isinstance(v, str) and not v:
+            raise ValueError('must be a VMID or a name such as "lab-{image}"')
+        return v
+
+    @field_validator("addresses")
+    @classmethod
+    def _addresses(cls, v: str) -> str:
+        return check_addresses(v)
+
+    @field_validator("url")
+    @classmethod
+    def _https(cls, v: str) -> str:
+        # TLS always: the token travels in every request
+        if not re.fullmatch(r"https://(\[[0-9A-Fa-f:.]+\]|[^/\s:\[\]]+)(:\d+)?(/\S*)?", v):
+            raise ValueError("must be an https:// URL such as https://pve1.example:8006")
+        return v.rstrip("/")
+
+    @field_validator("ca_file")
+    @classmethod
+    def _ca_file(cls, v: str | None, info: ValidationInfo) -> str | None:
+        if v is None:
+            return v
+        path = Path(v).expanduser()
+        if not path.is_absolute():  # relative to lab.toml's folder (lab.config passes it)
+            path = Path((info.context or {}).get("base_dir") or Path.cwd()) / path
+        try:
+            with open(path, "rb") as fh:
+                head = fh.read(1 << 20)
+        except OSError as exc:
+            raise ValueError(f"cannot read {path}: {exc.strerror}") from None
+        if b"-----BEGIN CERTIFICATE-----" not in head:
+            raise ValueError(f"{path} holds no PEM certificate (-----BEGIN CERTIFICATE-----)")
+        return str(path)
+
+    @field_validator("fingerprint")
+    @classmethod
+    def _fingerprint(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        fp = normalise(v)
+        if fp is None:
+            raise ValueError('must be a SHA-256 fingerprint as PVE shows it: "sha256:AB:CD:…" (32 hex pairs)')
+        return fp
+
+    @field_validator("token", "password")
+    @classmethod
+    def _secret_ref(cls, v: str | None) -> str | None:
+        if v is not None and not v.startswith(("env:", "file:")):
+            raise ValueError('must be a reference "env:NAME" or "file:/path", never the secret itself')
+        return v
+
+
+def check_addresses(v: str) -> str:
+    """An `addresses` setting: empty, or a pool that holds an address (a settings validator)."""
+    if v:
+        try:
+            if not address_pool(v):
+                raise ValueError("holds no address")
+        except ValueError:
+            raise ValueError('must be a range "10.0.0.100-10.0.0.150" or a CIDR "10.0.0.96/27"') from None
+    return v
+
+
+def address_pool(spec: str) -> list[str]:
+    """Pure: "10.0.0.100-10.0.0.150" or "10.0.0.96/27" -> the addresses, in order. ValueError if malformed."""
+    if not spec:
+        return []
+    if "-" in spec:
+        first, last = (ipaddress.IPv4Address(x.strip()) for x in spec.split("-", 1))
+        if last < first:
+            raise ValueError("range ends before it starts")
+        return [str(ipaddress.IPv4Address(i)) for i in range(int(first), int(last) + 1)]
+    return [str(ip) for ip in ipaddress.IPv4Network(spec.strip(), strict=False).hosts()]
+
+
+# The config key each disk bus gets on a clone: ide2 holds the cloud-init drive, so IDE is ide0.
+DISK_KEYS = {DiskBus.VIRTIO: "virtio0", DiskBus.SCSI: "scsi0", DiskBus.SATA: "sata0", DiskBus.IDE: "ide0"}
+
+
+def capabilities(settings: Settings) -> Capabilities:
+    return Capabilities(
+        description="Proxmox VE",
+        nic_models=frozenset(NicModel),
+        disk_buses=frozenset(DISK_KEYS),  # the clone's disk is re-attached on the cell's bus
+        clone_kinds=frozenset(CloneKind),
+        boot_modes=frozenset({"bios", "uefi"}),
+        max_vcpus=512,
+        missing={"snapshots": "a PVE vmstate snapshot cannot be cloned: warm start is not available"},
+    )

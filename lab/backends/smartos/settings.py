@@ -1,0 +1,144 @@
+"""`[hosts.NAME] backend = "smartos"`: a SmartOS host, driven in its global zone over SSH
+(`vmadm`, `imgadm`, `sysinfo`). One brand per host: to compare bhyve and KVM on one machine, define
+two hosts with the same `ssh` and a different `brand`, and put both in `matrix.host`."""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from typing import Annotated, Literal
+
+from pydantic import Field, field_validator
+
+from lab.backends.base import Capabilities, HostSettings
+from lab.backends.proxmox.settings import address_pool, check_addresses  # one pool syntax for every backend
+from lab.model import CloneKind, DiskBus, NicModel
+
+TIMEOUT_KEYS = Literal["connect", "command", "create", "start", "stop", "delete", "ready", "publish"]
+DEFAULT_TIMEOUTS = {
+    "connect": 10.0,
+    "command": 120.0,
+    "create": 300.0,
+    "start": 120.0,
+    "stop": 60.0,
+    "delete": 300.0,
+    "ready": 600.0,
+    "publish": 3600.0,
+}
+
+# vmadm(8): nics.*.model and disks.*.model per brand, as the lab's axes name them. bhyve emulates
+# virtio (viona) and e1000 NICs, virtio/ahci/nvme disks; the KVM brand's QEMU virtio/e1000/rtl8139
+# NICs and virtio/ide/scsi disks (scsi is QEMU's LSI controller).
+NIC_MODELS: dict[str, dict[NicModel, str]] = {
+    "bhyve": {NicModel.VIRTIO: "virtio", NicModel.E1000: "e1000"},
+    "kvm": {NicModel.VIRTIO: "virtio", NicModel.E1000: "e1000", NicModel.RTL8139: "rtl8139"},
+}
+DISK_MODELS: dict[str, dict[DiskBus, str]] = {
+    "bhyve": {DiskBus.VIRTIO: "virtio", DiskBus.SATA: "ahci", DiskBus.NVME: "nvme"},
+    "kvm": {DiskBus.VIRTIO: "virtio", DiskBus.IDE: "ide", DiskBus.SCSI: "scsi"},
+}
+MAX_VCPUS = {"bhyve": 32, "kvm": 64}  # sysinfo "Bhyve Max Vcpus" is 32 on current platforms
+SSH_TARGET = re.compile(r"^(?:[A-Za-z0-9_.][A-Za-z0-9_.-]*@)?[A-Za-z0-9.\[][A-Za-z0-9.:\[\]-]*$")  # never "-o..."
+
+
+class Settings(HostSettings):
+    backend: Literal["smartos"]
+    ssh: str  # the global zone, e.g. "root@gz1.example" (vmadm and imgadm need root)
+    ssh_port: int = Field(default=22, ge=1, le=65535)
+    ssh_key: str | None = None  # identity file; default: ssh's own (agent, ~/.ssh/id_*)
+    ssh_options: list[str] = []  # extra `ssh -o` options, e.g. ["UserKnownHostsFile=/etc/lab/gz_hosts"]
+    brand: Literal["bhyve", "kvm"] = "bhyve"
+    bootrom: Literal["bios", "uefi"] = "bios"  # bhyve's firmware; the KVM brand boots by BIOS only
+    image: str = "lab-{image}"  # the imgadm image name `lab images publish` makes and clones come from
+    zpool: str = "zones"
+    nic_tag: str = "external"  # sysinfo's "NIC Names" (or an etherstub) the guest's NIC joins
+    vlan_id: int = Field(default=0, ge=0, le=4095)
+    addresses: str = ""  # static guest addresses "FIRST-LAST" or a CIDR; "" = DHCP on the nic_tag's network
+    gateway: str = ""
+    prefix_len: int = Field(default=24, ge=8, le=30)
+    resolvers: list[str] = []
+    client_address: str = ""  # this machine as the guests see it (iperf3/wrk servers)
+    client_netns: str = ""  # load generators and SSH to guests run in this network namespace of this machine
+    cpu_type: Literal["host", "qemu64"] = "host"  # KVM brand only
+    timeouts: dict[TIMEOUT_KEYS, Annotated[float, Field(gt=0, le=86400)]] = {}
+    poll_interval: float = Field(default=1.0, gt=0, le=60)
+
+    def timeout(self, key: str) -> float:
+        return float(self.timeouts.get(key, DEFAULT_TIMEOUTS[key]))  # type: ignore[call-overload]
+
+    def problems(self) -> list[tuple[str, object, str]]:
+        if self.brand == "kvm" and self.bootrom != "bios":
+            return [("bootrom", self.bootrom, "the KVM brand boots by BIOS only (bootrom is a bhyve setting)")]
+        if self.addresses and self.gateway and self.gateway in address_pool(self.addresses):
+            return [("gateway", self.gateway, "is inside `addresses`: it would be handed to a guest")]
+        return []
+
+    @field_validator("ssh")
+    @classmethod
+    def _ssh(cls, v: str) -> str:
+        if not SSH_TARGET.fullmatch(v):
+            raise ValueError('must be an SSH destination such as "root@gz1.example"')
+        return v
+
+    @field_validator("ssh_options")
+    @classmethod
+    def _ssh_options(cls, v: list[str]) -> list[str]:
+        for opt in v:
+            if not re.fullmatch(r"[A-Za-z]+=\S.*", opt):
+                raise ValueError(f"{opt!r} is not an ssh option of the form Name=value")
+        return v
+
+    @field_validator("image")
+    @classmethod
+    def _image(cls, v: str) -> str:
+        if not re.fullmatch(r"[A-Za-z0-9._{}-]+", v):
+            raise ValueError("must be an image name (letters, digits, . _ -; {image} for the image's name)")
+        return v
+
+    @field_validator("addresses")
+    @classmethod
+    def _addresses(cls, v: str) -> str:
+        return check_addresses(v)
+
+    @field_validator("gateway", "client_address")
+    @classmethod
+    def _ipv4(cls, v: str) -> str:
+        if v:
+            try:
+                ipaddress.IPv4Address(v)
+            except ValueError:
+                raise ValueError("must be an IPv4 address") from None
+        return v
+
+    @field_validator("resolvers")
+    @classmethod
+    def _resolvers(cls, v: list[str]) -> list[str]:
+        for r in v:
+            try:
+                ipaddress.ip_address(r)
+            except ValueError:
+                raise ValueError(f"{r!r} is not an IP address") from None
+        return v
+
+    @field_validator("zpool", "nic_tag")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not re.fullmatch(r"[A-Za-z0-9_.-]+", v):
+            raise ValueError("must be a name (letters, digits, . _ -)")
+        return v
+
+
+def capabilities(settings: Settings) -> Capabilities:
+    brand = settings.brand
+    return Capabilities(
+        description=f"SmartOS {'bhyve' if brand == 'bhyve' else 'KVM'}",
+        nic_models=frozenset(NIC_MODELS[brand]),
+        disk_buses=frozenset(DISK_MODELS[brand]),
+        clone_kinds=frozenset({CloneKind.LINKED}),  # vmadm makes an image's disk with `zfs clone`
+        boot_modes=frozenset({settings.bootrom}),
+        max_vcpus=MAX_VCPUS[brand],
+        missing={
+            "clone=full": "vmadm clones an image's disk with zfs clone: there is no full copy",
+            "snapshots": "vmadm has no memory snapshots: warm start is not available",
+        },
+    )

@@ -1,0 +1,85 @@
+"""`[hosts.NAME] backend = "vagrant"`: cells run through Vagrant, one generated Vagrantfile per
+cell (lab.backends.vagrant.backend documents the lifecycle)."""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from typing import Literal
+
+from pydantic import Field, field_validator
+
+from lab.backends.base import Capabilities, HostSettings
+from lab.model import CloneKind, DiskBus, NicModel
+
+# What vagrant-libvirt can ask libvirt's QEMU driver for: `nic_model_type` takes any QEMU model,
+# `disk_bus` these four (bus='nvme' is newer than Debian 12's libvirt 9.0).
+LIBVIRT_NICS = frozenset(NicModel)
+LIBVIRT_DISK_BUSES = frozenset({DiskBus.VIRTIO, DiskBus.SCSI, DiskBus.SATA, DiskBus.IDE})
+# Written unescaped into the domain XML and Ruby strings by vagrant-libvirt and our template
+_SAFE_PATH = re.compile(r"^/[A-Za-z0-9_./+-]*$")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+
+
+class Settings(HostSettings):
+    backend: Literal["vagrant"]
+    # Vagrant's provider. Only vagrant-libvirt is implemented: the one provider Debian packages
+    # and the one this machine can run (no VirtualBox, no nested KVM).
+    provider: Literal["libvirt"] = "libvirt"
+    uri: str = "qemu:///system"  # the libvirt daemon vagrant-libvirt and lab's checks talk to
+    driver: Literal["qemu", "kvm"] = "qemu"  # domain type: qemu = TCG (nested KVM hangs guests here)
+    workdir: str = "/var/tmp/lab/vagrant"  # <workdir>/<run>/<vm>/Vagrantfile; `lab gc` looks here
+    vagrant_home: str | None = None  # VAGRANT_HOME (boxes, machine index); None: Vagrant's default
+    storage_pool: str = "default"  # libvirt pool for the box's base volume and each cell's overlay
+    # Each run gets its own isolated libvirt network (no forwarding: load stays on it), a free /24
+    # of this range; the guest takes a DHCP lease, the host side is the run's client address.
+    subnets: str = "10.79.0.0/16"
+    boot_timeout: float = Field(default=600.0, gt=0, le=3600)  # `vagrant up` until SSH answers
+    destroy_timeout: float = Field(default=300.0, gt=0, le=3600)
+
+    @field_validator("workdir", "vagrant_home")
+    @classmethod
+    def _path(cls, v: str | None) -> str | None:
+        if v is not None and not _SAFE_PATH.match(v):
+            raise ValueError("must be an absolute path of letters, digits and _ . / + -")
+        return v
+
+    @field_validator("storage_pool")
+    @classmethod
+    def _pool(cls, v: str) -> str:
+        if not _NAME.match(v):
+            raise ValueError("is not a libvirt storage pool name")
+        return v
+
+    @field_validator("uri")
+    @classmethod
+    def _uri(cls, v: str) -> str:
+        if not v.startswith(("qemu:///", "qemu+")):
+            raise ValueError("must be a libvirt QEMU URI such as qemu:///system (vagrant-libvirt drives QEMU)")
+        return v
+
+    @field_validator("subnets")
+    @classmethod
+    def _subnets(cls, v: str) -> str:
+        try:
+            net = ipaddress.IPv4Network(v)
+        except ValueError as exc:
+            raise ValueError(f"is not an IPv4 network: {exc}") from None
+        if net.prefixlen > 24:
+            raise ValueError("must hold at least one /24 (prefix 24 or shorter)")
+        return v
+
+
+def capabilities(settings: Settings) -> Capabilities:
+    return Capabilities(
+        description=f"Vagrant/{settings.provider}",
+        nic_models=LIBVIRT_NICS,
+        disk_buses=LIBVIRT_DISK_BUSES,
+        # vagrant-libvirt always makes a qcow2 overlay on the box's volume
+        clone_kinds=frozenset({CloneKind.LINKED}),
+        # the box boots by SeaBIOS and the image's GRUB; DHCP on the run's network
+        boot_modes=frozenset({"bios"}),
+        max_vcpus=255,
+        publish=True,
+        missing={"snapshots": "Vagrant boots every cell cold: warm start is not available"},
+    )

@@ -1,0 +1,249 @@
+"""Isolation: where a cell's workloads run on its machine (the matrix axis `isolation`).
+
+- "vm": on the machine itself (the guest, or the host of the bare-metal cell); nothing is made.
+- "container": a Podman container on that machine, made for the cell in its tune stage and removed
+  at teardown. The workloads run unchanged: they get a Guest (ContainerGuest) whose every command
+  enters the container (`podman exec`).
+- "jail" (FreeBSD guests and hosts) and "zone" (SmartOS): no runtime makes them here (no FreeBSD
+  machine exists, the SmartOS emulator's zones are stubs), so lab.check refuses them at plan time.
+
+The container is the lab's base image (localhost/lab-base, imported into root's podman store when
+the golden image is built: nothing is pulled) with the machine's /usr, nginx configuration and site
+bound read-only. The suite thus runs the very binaries the VM cell runs, and what differs between
+the two cells is the isolation, not the build of the tools. The machine's own nginx is stopped and
+the container's serves the http workloads on the same address (network "host": the machine's
+stack; "bridge": podman's own namespace behind NAT, ports 80 and 443 published).
+
+CPU busy %: a container shares its machine's kernel, so /proc/stat read inside it is the guest's:
+the busy % counts everything the guest ran, the container included, as in the VM cell. The CPU
+snapshot command is therefore run on the machine, not through `podman exec`: entering the
+container costs ~1.5 s of CPU under TCG, which would land inside the load's window.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field
+from typing import Any
+
+from lab import osfacts, proc
+from lab.errors import LabError
+from lab.model import Isolation
+
+BASE_IMAGE = "localhost/lab-base:latest"  # lab.images.DEBIAN12.container.name (a test keeps them equal)
+# The machine's directories the container sees (read-only), when the machine has them: the tools
+# (/usr: Debian merges /bin, /sbin, /lib into it), nginx's configuration and the site it serves.
+BINDS = ("/usr", "/etc/nginx", "/srv/www")
+NGINX_DIRS = ("/var/lib/nginx", "/var/log/nginx")  # what nginx writes, in the container's own /var
+WEB_PORTS = (80, 443)  # published on the machine's address with network = "bridge"
+NETWORKS = ("host", "bridge")
+STOP_NGINX = "systemctl stop nginx 2>/dev/null || rc-service nginx stop 2>/dev/null || true"
+
+# Why jails and zones are refused here (lab.check): one line each.
+NOT_HERE = {
+    Isolation.JAIL: "no jail runtime exists here: jails need a FreeBSD guest or host (the freebsd14 image "
+    "cannot be built on this machine, and no backend makes FreeBSD hosts' jails yet)",
+    Isolation.ZONE: "no zone runtime exists here: zones need a SmartOS host (backend smartos), whose "
+    "emulator's zones are stubs that cannot run the suite",
+}
+# Workloads whose load cannot run inside the cell's container: they make containers of their own
+# (nested podman needs privileges the lab does not give its container) or reach the machine by
+# their own SSH connection (its sshd is outside the container).
+OUTSIDE = {
+    "podman-build": "it builds containers itself (podman inside the cell's container is not set up)",
+    "container-start": "it starts containers itself (podman inside the cell's container is not set up)",
+    "scp": "its load is the machine's sshd, outside the container",
+}
+
+
+class Unavailable(LabError):
+    """The machine cannot make the cell's isolation (no runtime, no base image): the cell is n/a."""
+
+
+def kind_problem(kind: Isolation) -> str:
+    """Pure: why lab.check refuses an isolation kind before anything is made ("" if it can run)."""
+    return NOT_HERE.get(kind, "")
+
+
+def os_problem(kind: Isolation, os_name: str) -> str:
+    """Pure: why a guest OS cannot hold this isolation kind ("" if it can)."""
+    if kind == Isolation.CONTAINER and osfacts.facts(os_name).family != "linux":
+        return f"guest OS {os_name} has no podman (containers run on Linux guests; FreeBSD's are jails)"
+    return ""
+
+
+def workload_problem(name: str, params: dict[str, Any]) -> str:
+    """Pure: why workload `name` with `params` cannot run inside a container cell ("" if it can).
+    A workload's `network` places other than "guest" are containers or jails of its own."""
+    if name in OUTSIDE:
+        return OUTSIDE[name]
+    places = params.get("network")
+    places = places if isinstance(places, list) else [places] if isinstance(places, str) else []
+    nested = [p for p in places if p != "guest"]
+    if nested:
+        return (
+            f"network {', '.join(nested)} makes a container or jail of its own; inside the cell's container "
+            'only network = ["guest"] runs'
+        )
+    return ""
+
+
+def run_argv(
+    name: str, network: str, binds: list[str], labels: dict[str, str], *, host_cgroup: bool = False
+) -> list[str]:
+    """Pure: `podman run` of the cell's container, idle until the workloads exec into it.
+    `host_cgroup`: the container stays in the caller's cgroup (the bare-metal cell's, whose CPU
+    accounting reads it) instead of getting one of its own."""
+    if network not in NETWORKS:
+        raise ValueError(f"network must be one of {', '.join(NETWORKS)}, got {network!r}")
+    argv = ["podman", "run", "--detach", "--name", name, f"--network={network}"]
+    if network == "bridge":
+        argv += [a for port in WEB_PORTS for a in ("--publish", f"{port}:{port}")]
+    if host_cgroup:
+        argv += ["--cgroups=disabled"]
+    argv += [a for k, v in sorted(labels.items()) for a in ("--label", f"{k}={v}")]
+    argv += [a for d in binds for a in ("--volume", f"{d}:{d}:ro")]
+    return argv + [BASE_IMAGE, "sleep", "infinity"]
+
+
+def exec_argv(name: str, command: str, *, stdin: bool = False) -> list[str]:
+    """Pure: `podman exec` of one shell command line in the container (-i only when input is sent)."""
+    return ["podman", "exec", *(["--interactive"] if stdin else []), name, "sh", "-c", command]
+
+
+def remove_argv(name: str) -> list[str]:
+    return ["podman", "rm", "--force", "--time", "0", name]
+
+
+INSPECT_FORMAT = "{{.Id}} {{.State.Status}} {{.State.Pid}} {{.HostConfig.NetworkMode}}"
+
+
+def parse_inspect(text: str) -> dict[str, Any]:
+    """Pure: INSPECT_FORMAT's line -> id, state, pid, network ({} when it is not that line)."""
+    parts = (text or "").split()
+    if len(parts) != 4 or not parts[2].lstrip("-").isdigit():
+        return {}
+    return {"id": parts[0], "state": parts[1], "pid": int(parts[2]), "network": parts[3]}
+
+
+class ContainerGuest:
+    """Guest-like: every command line runs inside the cell's container on `machine` (a Guest or
+    HostGuest), except the CPU snapshot, which reads the same kernel counters on the machine
+    itself (see the module's docstring)."""
+
+    def __init__(self, machine: Any, name: str, os_name: str):
+        self.machine, self.name = machine, name
+        self.address, self.os = machine.address, machine.os
+        self.known_hosts = machine.known_hosts  # the machine's: a workload's own SSH still reaches it
+        # lab.workloads.cpu.snapshot's exact command line for this OS
+        self._snapshot = "sh -c " + shlex.quote(osfacts.facts(os_name).cpu_ticks_cmd)
+        self.execs = 0  # commands that entered the container (recorded with the cell)
+
+    def run(self, command: str, *, timeout: float = 120.0, check: bool = True, input: str | None = None) -> proc.Result:
+        if command == self._snapshot:
+            return self.machine.run(command, timeout=timeout, check=check, input=input)
+        self.execs += 1
+        return self.machine.run(
+            shlex.join(exec_argv(self.name, command, stdin=input is not None)),
+            timeout=timeout,
+            check=check,
+            input=input,
+        )
+
+    def put_text(self, text: str, remote: str, timeout: float = 60.0) -> None:
+        self.run(f"cat > {shlex.quote(remote)}", input=text, timeout=timeout)
+
+    def get_text(self, remote: str, timeout: float = 60.0) -> str:
+        return self.run(f"cat {shlex.quote(remote)}", timeout=timeout).stdout
+
+    def close(self) -> None:
+        pass  # the machine's connection is closed by whoever opened it
+
+
+@dataclass
+class Place:
+    """Where a cell's workloads run: `guest` for them, `facts` to record with the cell (updated at
+    removal), `remove()` at teardown."""
+
+    guest: Any
+    facts: dict[str, Any] = field(default_factory=dict)
+    name: str = ""
+
+    def remove(self) -> None:
+        if not self.name:
+            return
+        machine = self.guest.machine
+        self.facts["execs"] = self.guest.execs
+        machine.run(shlex.join(remove_argv(self.name)), timeout=120, check=False)
+        gone = machine.run(f"podman container exists {shlex.quote(self.name)}", timeout=60, check=False)
+        self.facts["removed"] = gone.returncode == 1  # 1: no such container; 0: still there
+        if not self.facts["removed"]:
+            raise LabError(f"container {self.name} is still there after `podman rm --force`")
+
+
+def enter(
+    kind: Isolation,
+    machine: Any,
+    *,
+    name: str,
+    os_name: str,
+    network: str = "host",
+    labels: dict[str, str] | None = None,
+    host_cgroup: bool = False,
+    serve_web: bool = True,
+    where: str = "the guest",
+) -> Place:
+    """Make the cell's isolation on `machine` and return where its workloads run. "vm": the machine
+    itself. Unavailable (the cell is n/a) when the machine has no runtime or no base image; what
+    was made before another failure is removed. `serve_web`: the machine's nginx gives way to the
+    container's (a guest made for the cell; never the bare-metal host's own service)."""
+    if kind == Isolation.VM:
+        return Place(machine)
+    if kind != Isolation.CONTAINER:
+        raise Unavailable(f"isolation {kind.value}: {kind_problem(kind) or 'not made by this lab'}")
+    if machine.run("command -v podman", timeout=30, check=False).returncode != 0:
+        raise Unavailable(f"isolation container: podman is not installed on {where}")
+    if machine.run(f"podman image exists {BASE_IMAGE}", timeout=120, check=False).returncode != 0:
+        raise Unavailable(
+            f"isolation container: {where} has no {BASE_IMAGE} in podman's store "
+            "(the golden image imports it when it is built: rebuild it)"
+        )
+    have = machine.run("ls -d " + " ".join(BINDS) + " 2>/dev/null", timeout=30, check=False).stdout.split()
+    binds = [d for d in BINDS if d in have]
+    place = Place(
+        ContainerGuest(machine, name, os_name),
+        name=name,
+        facts={"kind": kind.value, "runtime": "podman", "image": BASE_IMAGE, "binds": binds, "network": network},
+    )
+    web = serve_web and machine.run("test -x /usr/sbin/nginx", timeout=30, check=False).returncode == 0
+    if web:  # the container's nginx takes the machine's ports (host) or their published twins (bridge)
+        machine.run(STOP_NGINX, timeout=60, check=False)
+    machine.run(shlex.join(run_argv(name, network, binds, labels or {}, host_cgroup=host_cgroup)), timeout=300)
+    try:
+        _inside(place, machine, name, web)
+    except BaseException:
+        try:
+            place.remove()
+        except LabError:
+            pass  # the first error is the one to report; the machine goes at teardown anyway
+        raise
+    return place
+
+
+def _inside(place: Place, machine: Any, name: str, web: bool) -> None:
+    """Record what the container is, check that a command sent through the wrapper runs in it, and
+    start its nginx when the machine has one."""
+    seen = machine.run(f"podman inspect --format {shlex.quote(INSPECT_FORMAT)} {shlex.quote(name)}", timeout=60)
+    state = parse_inspect(seen.stdout)
+    if not state:
+        raise LabError(f"container {name}: `podman inspect` did not say what it is: {seen.stdout.strip()[:200]!r}")
+    place.facts.update(state)
+    place.facts["podman"] = machine.run("podman --version", timeout=60, check=False).stdout.strip()
+    # podman writes /run/.containerenv in every container it runs, never on the machine
+    probe = place.guest.run("test -f /run/.containerenv && echo inside", timeout=60, check=False)
+    if probe.stdout.strip() != "inside":
+        raise LabError(f"container {name}: a command sent into it did not run in a container")
+    place.facts["inside"] = "/run/.containerenv present"
+    if web:
+        place.guest.run(f"mkdir -p {' '.join(NGINX_DIRS)} && /usr/sbin/nginx", timeout=60)
+        place.facts["nginx"] = "in the container"

@@ -1,0 +1,236 @@
+"""`lab reproduce RUN CELL`: the machine a stored cell measured, as a Vagrantfile anyone can
+`vagrant up` on a Vagrant host with vagrant-libvirt, to look at it by hand.
+
+Written into one directory:
+- `Vagrantfile` (templates/vagrant/Vagrantfile.j2, the vagrant backend's own template): the box
+  version of the exact image build the cell ran (`lab images publish IMAGE HOST` adds it), the
+  cell's NIC model, vCPUs, memory and disk bus, the accelerator it ran under;
+- `tune.sh`, run by `vagrant up`: the cell's tuning profile, congestion control, offloads and WAN
+  emulation, applied with the guest OS's own commands from lab.osfacts (as lab's tune stage does),
+  then read back; the values lab read back in the cell are in its comments;
+- `workloads.sh`, run only when asked (`vagrant provision --provision-with workloads`): the commands
+  each workload ran in the cell, as the results store keeps them with their raw output.
+"""
+
+from __future__ import annotations
+
+import shlex
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from lab import images, isolation, osfacts, tuning
+from lab.backends.vagrant import box
+from lab.backends.vagrant.vagrantfile import Machine, Network, Provisioner, render
+from lab.errors import UsageError
+from lab.model import DiskBus, NicModel
+from lab.store import CellRow, Store
+from lab.wan import WanProfile, netem_args
+
+# Load generators lab runs on its own side of the link (wrk, curl, scp): in a reproduction they
+# are the user's to run from the Vagrant host, so workloads.sh lists them without running them.
+CLIENT_SIDE = ("wrk", "curl", "scp", "ssh")
+
+
+@dataclass(frozen=True)
+class Reproduction:
+    dir: Path
+    vagrantfile: Path
+    machine: Machine
+
+
+def find_cell(store: Store, run_ref: str, cell_id: str) -> tuple[str, CellRow]:
+    run = store.run(run_ref)
+    cells = store.cells(run.id)
+    for cell in cells:
+        if cell.cell_id == cell_id:
+            if cell.axes.get("kind") == "bare-metal":
+                raise UsageError(
+                    f"cell {cell_id} of run {run.id} ran on the host itself: there is no machine to reproduce"
+                )
+            return run.id, cell
+    raise UsageError(f"run {run.id} has no cell {cell_id!r}; its cells: {', '.join(c.cell_id for c in cells)}")
+
+
+def image_build(store: Store, run_id: str, cell: CellRow) -> tuple[str, str, str]:
+    """(image name, recipe digest, disk sha256) the cell ran: its facts, else the run's manifest."""
+    name = str(cell.axes.get("image", ""))
+    seen = store.run(run_id).manifest.get("images", {}).get(name, {})
+    digest = cell.facts.get("image_digest") or seen.get("digest", "")
+    sha = cell.facts.get("image_sha256") or seen.get("sha256", "")
+    if not (name and digest and sha):
+        raise UsageError(f"cell {cell.cell_id} of run {run_id} does not record its image build (name, digest, sha256)")
+    return name, digest, sha
+
+
+def tune_script(os_name: str, cell: CellRow, wan: WanProfile | None) -> str:
+    """The cell's tune stage as a shell script of the guest OS's own commands (lab.osfacts), each
+    knob as lab applies it; the values lab read back in the cell are listed in comments."""
+    facts = osfacts.facts(os_name)
+    axes, recorded = cell.axes, cell.facts.get("tuning", {})
+    profile, cc = str(axes.get("tuning", "default")), str(axes.get("cc", "default"))
+    offloads = tuning.parse_offloads(str(axes.get("offloads", "default")))
+    dev = facts.device(NicModel(axes["nic"]))
+    lines = [
+        "#!/bin/sh",
+        f"# The tune stage of cell {cell.cell_id} ({cell.label}) on {os_name}, as lab applies it.",
+        "set -u",
+    ]
+    wanted = tuning.render(os_name, profile)
+    if wanted is None:
+        lines.append(f"echo 'tuning profile {profile} has no template for {os_name}: the cell was n/a' >&2")
+        wanted = {}
+    lines.append(f"# tuning profile: {profile}")
+    lines += [facts.sysctl_set.format(key=k, value=shlex.quote(v)) for k, v in wanted.items()]
+    if cc != "default" and facts.cc_set:
+        lines += [f"# congestion control: {cc}", facts.cc_set.format(cc=cc)]
+    if offloads:
+        lines.append(f"# offloads on {dev}: {axes.get('offloads')}")
+        lines += [
+            facts.offload_set[f].format(dev=dev, state="on" if on else "off", flag="" if on else "-")
+            for f, on in offloads.items()
+            if f in facts.offload_set
+        ]
+    if wan is not None and not wan.is_null and facts.netem_set:
+        lines += [
+            f"# WAN emulation {axes.get('wan')} on the guest's NIC (towards the client)",
+            facts.netem_set.format(dev=dev, args=shlex.join(netem_args(wan))),
+        ]
+    lines.append("# read back (what lab recorded in the cell is below each line)")
+    keys = list(dict.fromkeys([*facts.sysctl_watched, *wanted, *([facts.cc_key] if facts.cc_key else [])]))
+    effective = recorded.get("effective", {})
+    for key in keys:
+        lines.append(f"printf '%s = %s\\n' {shlex.quote(key)} \"$({facts.sysctl_get.format(key=key)} 2>/dev/null)\"")
+        if key in effective:
+            lines.append(f"#   lab read: {key} = {effective[key]}")
+    if facts.offload_get:
+        lines.append(facts.offload_get.format(dev=dev) + " 2>/dev/null || true")
+        if recorded.get("offloads", {}).get("effective"):
+            lines.append(f"#   lab read: {recorded['offloads']['effective']}")
+    return "\n".join(lines + container_lines(cell)) + "\n"
+
+
+def container_name(cell: CellRow) -> str | None:
+    """The container a cell's workloads ran in (lab.isolation), named for the reproduction; None: none."""
+    return f"lab-{cell.cell_id}" if (cell.facts.get("isolation") or {}).get("kind") == "container" else None
+
+
+def container_lines(cell: CellRow) -> list[str]:
+    """The end of the tune stage of a container cell: its container, made as lab made it."""
+    name, box = container_name(cell), cell.facts.get("isolation") or {}
+    if name is None:
+        return []
+    lines = ["# isolation: the workloads ran in a Podman container (lab/isolation.py); workloads.sh enters it"]
+    if box.get("nginx"):
+        lines.append(isolation.STOP_NGINX)
+    lines.append(shlex.join(isolation.run_argv(name, str(box.get("network", "host")), list(box.get("binds", [])), {})))
+    if box.get("nginx"):
+        lines.append(
+            shlex.join(isolation.exec_argv(name, f"mkdir -p {' '.join(isolation.NGINX_DIRS)} && /usr/sbin/nginx"))
+        )
+    return lines
+
+
+def workloads_script(store: Store, run_id: str, cell: CellRow) -> str:
+    """The commands of each workload's first measured repetition in the cell, in the order they ran."""
+    lines = [
+        "#!/bin/sh",
+        f"# The workload commands cell {cell.cell_id} of run {run_id} ran (results store, each",
+        "# workload's first measured repetition). Lines marked 'lab side' ran on lab's side of the link",
+        "# (load generators): run them from the Vagrant host against this guest.",
+        "set -x",
+    ]
+    seen: set[str] = set()
+    inside = container_name(cell)
+    for _raw_id, cell_id, rep, raw in store.raw_outputs(run_id):
+        if cell_id != cell.cell_id or rep < 0 or raw.workload in seen:
+            continue
+        seen.add(raw.workload)
+        lines.append(f"\n# {raw.workload} (repetition {rep})")
+        for command in (c.strip() for c in raw.command.split(" ; ") if c.strip()):
+            first = shlex.split(command)[0] if command else ""
+            if Path(first).name in CLIENT_SIDE:
+                lines.append(f"# lab side: {command}")
+            else:
+                lines.append(shlex.join(isolation.exec_argv(inside, command)) if inside else command)
+    if not seen:
+        lines.append(f"# no workload ran in this cell (status {cell.status}: {cell.error or 'no error'})")
+    return "\n".join(lines) + "\n"
+
+
+def reproduce(
+    store: Store,
+    run_ref: str,
+    cell_id: str,
+    out_dir: Path | None = None,
+    *,
+    ssh_key: Path,
+    uri: str | None = None,
+    network: Network | None = None,
+    storage_pool: str | None = None,
+) -> Reproduction:
+    """Write the Vagrantfile and its scripts for a stored cell into `out_dir` (default
+    ./reproduce-RUN-CELL; created; an existing Vagrantfile there is refused rather than
+    overwritten). `uri`, `network` and `storage_pool` pin the libvirt side; unset, the Vagrantfile
+    takes vagrant-libvirt's defaults, as any user's does."""
+    run_id, cell = find_cell(store, run_ref, cell_id)
+    out_dir = Path(out_dir) if out_dir is not None else Path.cwd() / f"reproduce-{run_id}-{cell.cell_id}"
+    name, digest, sha = image_build(store, run_id, cell)
+    os_name = images.recipe(name).os
+    axes = cell.axes
+    wan = None
+    if str(axes.get("wan", "none")) != "none":
+        table = tomllib.loads(store.config_text(run_id) or "").get("wan", {}).get(str(axes["wan"]))
+        wan = WanProfile(**table) if isinstance(table, dict) else None
+    if (out_dir / "Vagrantfile").exists():
+        raise UsageError(f"{out_dir / 'Vagrantfile'} exists: choose another directory")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "tune.sh").write_text(tune_script(os_name, cell, wan))
+    (out_dir / "workloads.sh").write_text(workloads_script(store, run_id, cell))
+    accel = str(cell.facts.get("accel") or "tcg")
+    machine = Machine(
+        # not lab-...: a reproduction is the user's machine, never something of a run for `lab gc`
+        name=f"repro-{run_id}-{cell.cell_id}".replace("#", "-"),
+        image=name,
+        box=box.box_name(name),
+        box_version=box.box_version(digest, sha),
+        cpus=int(axes["vcpus"]),
+        memory_mib=int(axes["memory_mib"]),
+        nic=NicModel(axes["nic"]),
+        disk_bus=DiskBus(axes.get("disk_bus", "virtio")),
+        ssh_key=Path(ssh_key),
+        purpose=f"cell {cell.cell_id} ({cell.label}) of lab run {run_id}, reproduced by `lab reproduce`",
+        driver="kvm" if accel == "kvm" else "qemu",
+        uri=uri,
+        title=f"lab reproduction of {run_id}/{cell.cell_id}",
+        description=f"lab reproduce {run_id} {cell.cell_id}",
+        console_log=(out_dir / "console.log").resolve(),
+        network=network,
+        storage_pool=storage_pool,
+        provisioners=(
+            Provisioner(
+                "tune", "tune.sh", "once", "the cell's tuning, congestion control, offloads (lab's tune stage)"
+            ),
+            Provisioner(
+                "workloads",
+                "workloads.sh",
+                "never",
+                "the cell's workload commands: vagrant provision --provision-with workloads",
+            ),
+        ),
+        notes=_notes(cell, accel),
+    )
+    path = out_dir / "Vagrantfile"
+    path.write_text(render(machine))
+    return Reproduction(out_dir, path, machine)
+
+
+def _notes(cell: CellRow, accel: str) -> tuple[str, ...]:
+    axes: dict[str, Any] = cell.axes
+    shown = ", ".join(f"{k}={v}" for k, v in axes.items())
+    return (
+        f"cell axes: {shown}",
+        f"the cell ran under {accel}; measured status {cell.status}",
+        "vagrant up  # boots it and runs tune.sh;  vagrant ssh;  vagrant destroy -f",
+    )

@@ -1,0 +1,45 @@
+"""A lab run: per cell, lease -> clone -> boot -> verify -> tune -> workloads -> teardown.
+
+- lab.runner.run: the run (checks before anything is made, the run lock, order and rounds, resume)
+- lab.runner.lanes: several hosts at once, one lane (thread) per host; cancel, lost hosts, overlaps
+- lab.runner.cells: a VM cell and the bare-metal cell, each inside lab.lifecycle.CellLife
+- lab.runner.measure: the workloads stage (repetitions, executions) and `lab reparse`
+- lab.runner.context: what the parts of one run share
+"""
+
+from lab.lifecycle import STAGES, Interrupted, Reporter, SilentReporter, shielded
+from lab.runner.cells import run_unit, verify
+from lab.runner.context import RunContext, workload_params
+from lab.runner.measure import reparse, run_workloads
+from lab.runner.run import (
+    BOOT_ESTIMATE_S,
+    estimate_seconds,
+    image_lines,
+    new_run_id,
+    prepare,
+    resumable,
+    run_lab,
+    run_rounds,
+)
+
+__all__ = [
+    "BOOT_ESTIMATE_S",
+    "STAGES",
+    "Interrupted",
+    "Reporter",
+    "RunContext",
+    "SilentReporter",
+    "estimate_seconds",
+    "image_lines",
+    "new_run_id",
+    "prepare",
+    "reparse",
+    "resumable",
+    "run_lab",
+    "run_rounds",
+    "run_unit",
+    "run_workloads",
+    "shielded",
+    "verify",
+    "workload_params",
+]

@@ -1,0 +1,278 @@
+"""The workloads stage of a cell, and rebuilding samples from stored raw outputs.
+
+Warm-ups are discarded; measured repetitions follow the repetition policy (lab.schedule), or a
+quota per boot in interleaved rounds. Every execution is recorded in the store as it starts and
+ends (the executed order); raw output is stored before it is parsed, and each repetition's
+samples are committed before the next one starts, so nothing measured is lost when a later
+repetition, workload or cell fails.
+
+The host under each measured repetition (lab.hostload): unless `[suite] quiet_host = "off"`, the
+repetition runs inside a load window of its host, and what the window found is stamped on every
+sample of it (labels["host_load"]), flagged when foreign load or steal exceeded the threshold. In
+"wait" mode the runner first waits, bounded, until the host has been quiet for a few seconds.
+
+The client: a network workload (`network = True` on the workload: its load generator or server
+runs on the client side) holds its host's client placement's lock (RunContext.client_locks) for its
+prepare and each of its runs, so two lanes never measure through one client at once; its samples
+carry the placement (labels["client"], "local": this machine). Every workload of a cell on this
+machine (Capabilities.local_host) holds the "local" lock too: another lane's load generator would
+be foreign load under its figures.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import threading
+import time
+from typing import Any
+
+from lab import flags, hostload, lifecycle, schedule
+from lab.errors import LabError
+from lab.lifecycle import CellLife, Interrupted
+from lab.model import Client
+from lab.runner.context import RunContext, workload_params
+from lab.store import Store
+from lab.workloads import WorkloadContext, load_all
+
+
+def run_workloads(
+    ctx: RunContext,
+    life: CellLife,
+    guest: Any,
+    client: Client,
+    os_name: str,
+    address: str,
+    labels_base: dict[str, Any],
+    *,
+    vcpus: int,
+    round_no: int = 1,
+    quota: int | None = None,
+    skipped: dict[str, str] | None = None,
+) -> None:
+    """Each workload of the suite in this boot of the cell. `skipped`: a workload whose prepare
+    fails is recorded there and skipped instead of failing the cell (the bare-metal cell: a tool
+    the host lacks)."""
+    cfg, store, rid, cell = ctx.cfg, ctx.store, ctx.run_id, life.cell
+    workloads = load_all()
+    watch = HostWatch.of(ctx, life)
+    # this machine is the "local" client: a cell measured on it (local QEMU, its bare-metal cell) must
+    # not share it with another lane's load generator either
+    on_this_machine = life.backend.capabilities(life.backend.settings).local_host
+    for name in cfg.suite.workloads:
+        tally = ctx.tallies.setdefault((cell.id, name), schedule.Tally())
+        if tally.stopped:
+            continue  # measured enough in an earlier round, or skipped
+        wl = workloads[name]
+        wctx = WorkloadContext(
+            guest=guest,
+            client=client,
+            os=os_name,
+            vcpus=vcpus,
+            params=workload_params(cfg, name),
+            guest_address=address,
+            known_hosts=guest.known_hosts,
+        )
+        life.enter("workloads", f"{name}: prepare")
+        placement = ctx.cfg.hosts[str(cell.host)].client
+        network = getattr(wl, "network", False)
+        turn = (
+            client_turn(ctx, life, placement if network else "local", name)
+            if network or on_this_machine
+            else contextlib.nullcontext
+        )
+        client_labels = {"client": placement} if network else {}
+        started = lifecycle.clock()
+        try:
+            with turn():
+                wl.prepare(wctx)
+            life.timed("prepare", lifecycle.clock() - started, workload=name)  # per boot: part of the estimate
+        except LabError as exc:
+            if skipped is None:
+                raise
+            skipped[name] = str(exc)
+            tally.stop(f"skipped: {exc}")
+            continue
+        where = f" (round {round_no})" if quota is not None else ""
+
+        def execute(rep: int, detail: str) -> None:
+            life.enter("workloads", f"{name} {detail}{where}")
+            host: HostWatch | None = watch if rep >= 0 else None  # warm-ups are discarded: no need to wait
+            if host is not None:
+                started = lifecycle.clock()
+                host.before(f"{name} {detail}{where}")
+                if host.mode == "wait":  # the wait is part of what a repetition costs (lab.estimate)
+                    life.timed("quiet", lifecycle.clock() - started, workload=name)
+            eid = store.start_execution(rid, cell.id, round_no, name, rep)
+            try:
+                with turn():
+                    raw, load = run_watched(wl, wctx, rep, host, f"{name} {detail}")
+                if load and getattr(wl, "records_host_load", False):  # the host's figures are the workload's own (idle)
+                    raw = dataclasses.replace(
+                        raw, extra={**raw.extra, hostload.HOST_LOAD: json.dumps(load[hostload.HOST_LOAD])}
+                    )
+                raw_id = store.add_raw(rid, cell.id, rep, raw)  # stored before parsing: nothing is lost
+                if rep >= 0:
+                    samples = wl.parse(raw)
+                    stamped = [
+                        type(s)(
+                            s.metric,
+                            s.value,
+                            s.unit,
+                            s.higher_is_better,
+                            {**labels_base, **client_labels, **s.labels, "repetition": rep, "round": round_no, **load},
+                        )
+                        for s in samples
+                    ]
+                    store.add_samples(rid, cell.id, raw_id, name, rep, stamped)
+                    tally.add(stamped, raw.seconds)
+            except BaseException as exc:
+                store.finish_execution(eid, "failed", error=str(exc) or type(exc).__name__)
+                raise
+            store.finish_execution(eid, "ok", raw_id=raw_id)
+
+        for w in range(cfg.suite.warmup):
+            execute(w - cfg.suite.warmup, "warm-up")  # warm-ups are negative and yield no samples
+        done = 0
+        while not tally.stopped and (quota is None or done < quota):
+            execute(tally.n, f"{tally.n + 1}/{schedule.planned(cfg.suite)}")
+            done += 1
+            tally.update(cfg.suite, seed=ctx.seed)
+
+
+CLIENT_POLL_S = 0.5  # a lane waiting for the client looks at the run's cancel this often
+
+
+def client_turn(ctx: RunContext, life: CellLife, placement: str, what: str):
+    """A context manager factory: hold the client placement's lock for one network step. A lane
+    that has to wait says so on its progress, and stops waiting when the run is cancelled."""
+    lock: threading.Lock = ctx.client_locks[placement]
+
+    @contextlib.contextmanager
+    def turn():
+        if not lock.acquire(blocking=False):
+            life.progress(f"{what}: waiting for the {placement} client (another host's network measurement)")
+            while not lock.acquire(timeout=CLIENT_POLL_S):
+                if ctx.cancel.is_set():
+                    raise Interrupted("cancelled: the run was interrupted")
+        try:
+            yield
+        finally:
+            lock.release()
+
+    return turn
+
+
+def run_watched(
+    wl: Any, wctx: WorkloadContext, rep: int, host: HostWatch | None, what: str
+) -> tuple[Any, dict[str, Any]]:
+    """One run of a workload, inside a load window of its host when watched: (raw output, labels)."""
+    if host is None:
+        return wl.run(wctx, rep), {}
+    window = host.open()
+    try:
+        raw = wl.run(wctx, rep)
+    except BaseException:
+        window.stop()  # a polling window's thread ends with it
+        raise
+    return raw, host.after(window, what)
+
+
+WAIT_SHOWN_EVERY_S = 5.0
+GIVE_UP_AFTER = 3  # times in a row a host was not quiet within the timeout; then the run only records it
+
+
+class HostWatch:
+    """The host under one cell's measured repetitions (lab.hostload): waits for it to be quiet
+    ("wait"), opens a load window around each repetition and says what to stamp on its samples."""
+
+    def __init__(self, ctx: RunContext, life: CellLife, mode: str):
+        self.suite, self.life, self.mode = ctx.cfg.suite, life, mode
+        self.reporter, self.backend = ctx.reporter, life.backend
+        self.waited_s, self.not_quiet = 0.0, ""
+        self.host = str(life.cell.host)
+        self.busy_streaks = ctx.busy_streaks  # the run's: host -> repetitions in a row it was not quiet before
+
+    @classmethod
+    def of(cls, ctx: RunContext, life: CellLife) -> HostWatch | None:
+        b = life.backend
+        mode = ctx.cfg.suite.quiet_mode(b.capabilities(b.settings).local_host)
+        return None if mode == "off" else cls(ctx, life, mode)
+
+    def _vms(self) -> list[Any]:
+        return [self.life.vm] if self.life.vm is not None else []
+
+    def open(self) -> hostload.LoadWindow:
+        return self.backend.host_load(self._vms())
+
+    def before(self, what: str) -> None:
+        """In "wait" mode: until the host has been quiet for quiet_seconds (at most quiet_timeout_s)."""
+        self.waited_s, self.not_quiet = 0.0, ""
+        if self.mode != "wait" or self.busy_streaks.get(self.host, 0) >= GIVE_UP_AFTER:
+            return  # a host that stays busy is waited for a few times, not before every repetition
+        s = self.suite
+        shown = [-WAIT_SHOWN_EVERY_S]
+
+        def show(why: str) -> None:  # the first busy probe, then every few seconds (plain logs get a line each)
+            if time.monotonic() - shown[0] >= WAIT_SHOWN_EVERY_S:
+                shown[0] = time.monotonic()
+                self.life.progress(f"{what}: waiting for a quiet host: {why}")
+
+        quiet = hostload.wait_quiet(
+            self.open,
+            threshold_pct=s.foreign_load_pct,
+            quiet_s=s.quiet_seconds,
+            timeout_s=s.quiet_timeout_s,
+            on_wait=show,
+        )
+        self.waited_s = quiet.waited_s
+        streak = self.busy_streaks[self.host] = 0 if quiet.quiet else self.busy_streaks.get(self.host, 0) + 1
+        if not quiet.quiet:
+            self.not_quiet = (
+                f"host not quiet for {s.quiet_seconds:g} s within {s.quiet_timeout_s:g} s before it ({quiet.why})"
+            )
+            self.reporter.warn(
+                f"{self.life.cell.id} {what}: {self.not_quiet}; measuring it anyway, flagged"
+                + (
+                    f"; host {self.host} stayed busy {streak} times in a row: not waiting for it any "
+                    "more in this run (its load is still recorded and flagged)"
+                    if streak >= GIVE_UP_AFTER
+                    else ""
+                )
+            )
+        self.life.progress(what)
+
+    def after(self, window: hostload.LoadWindow | None, what: str) -> dict[str, Any]:
+        """The labels of the repetition's samples; a flagged repetition is said on the progress."""
+        load = window.stop() if window is not None else hostload.HostLoad(unknown="no window")
+        label = hostload.label(load, self.suite.foreign_load_pct, waited_s=self.waited_s, not_quiet=self.not_quiet)
+        if "flag" in label and not self.not_quiet:
+            self.reporter.warn(f"{self.life.cell.id} {what}: flagged: {label['flag']}")
+        return {hostload.HOST_LOAD: label}
+
+
+def reparse(store: Store, run_id: str) -> int:
+    """Rebuild a run's samples from its stored raw outputs (after a parser fix)."""
+    workloads = load_all()
+    cells = {c.cell_id: c for c in store.cells(run_id)}
+    old: dict[tuple[str, str, int], dict[str, Any]] = {}
+    for s in store.samples(run_id):
+        old.setdefault((s.cell_id, s.workload, s.repetition), s.labels)
+    rows, count = [], 0
+    for raw_id, cell_id, rep, raw in store.raw_outputs(run_id):
+        if rep < 0 or raw.workload not in workloads:
+            continue
+        # the runner's labels (axes, round, the host's load) stay; the parser's own are recomputed
+        base = {k: v for k, v in old.get((cell_id, raw.workload, rep), {}).items() if k not in flags.PARSER_LABELS}
+        if not base and cell_id in cells:
+            base = {**cells[cell_id].axes, "repetition": rep}
+        samples = workloads[raw.workload].parse(raw)
+        stamped = [
+            type(s)(s.metric, s.value, s.unit, s.higher_is_better, {**base, **s.labels, "repetition": rep})
+            for s in samples
+        ]
+        rows.append((cell_id, raw_id, raw.workload, rep, stamped))
+        count += len(stamped)
+    store.replace_samples(run_id, rows)  # parsed first, swapped in one transaction
+    return count

@@ -1,0 +1,216 @@
+"""The chaos suite's faults on the PVE emulator (tests/chaos.py): three injected here, the rest
+from tests/pve_emulator/run_faults.py, and the foreign resources planted on a local, a libvirt and a
+PVE host (tests/chaos_plant.py)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+
+import chaos_plant
+import libvirt_daemons
+from chaos_scenario import URI, Row, Scenario, gc_and_count, integrity, one_line, one_line_exit, run_id_of
+from pve_emulator import PveEmulator, run_faults
+from pve_emulator.certs import make_certs
+from pve_emulator.fixtures import FULL_ACL, TEMPLATE_VMID, TOKEN_ID, TOKEN_SECRET
+
+from lab import images, statedir
+from lab.backends.local import host as local_host
+from lab.wait import wait_until
+
+# -- the PVE emulator ------------------------------------------------------------------------------
+
+# [hosts.pve] of the three faults injected here (run_faults' own faults bring their settings)
+PVE_SETTINGS = {
+    "template": TEMPLATE_VMID,
+    "timeouts": {"clone": 4, "start": 5, "stop": 3, "destroy": 3, "ready": 20, "agent": 5},
+}
+NEEDS_IMAGE = {"pve-cfs-lock", "pve-foreign-resources"}  # run_faults' faults called (emu, image)
+
+
+def toml_value(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, str):
+        return json.dumps(v)
+    if isinstance(v, dict):
+        return "{ " + ", ".join(f"{k} = {toml_value(x)}" for k, x in v.items()) + " }"
+    return "[" + ", ".join(toml_value(x) for x in v) + "]"
+
+
+def pve_host(emu, settings: dict) -> str:
+    """[hosts.pve] on the emulator: its URL, CA and the lab's token, then `settings`."""
+    table = {
+        "backend": "proxmox",
+        "url": emu.url,
+        "node": "pve1",
+        "token": "env:LAB_CHAOS_PVE_TOKEN",
+        "ca_file": str(emu.certs.ca_file),
+        "storage": "local-lvm",
+        "bridge": "vmbr0",
+        **settings,
+    }
+    return "[hosts.pve]\n" + "".join(f"{k} = {toml_value(v)}\n" for k, v in table.items())
+
+
+@contextlib.contextmanager
+def emulator(sc: Scenario):
+    """A PVE emulator with the lab's token (FULL_ACL) and the lab's own template of debian12, as
+    `lab images publish` leaves it (run_faults.publish_template: a template without the lab's
+    marker is refused)."""
+    emu = PveEmulator("8.4", make_certs(sc.dir / "tls"), auth_delay=0.05)
+    emu.task_seconds.update({"qmclone": 0.15, "qmstart": 0.08, "qmstop": 0.05, "qmdestroy": 0.08, "qmconfig": 0.03})
+    emu.add_token(TOKEN_ID, TOKEN_SECRET, privsep=True, acl=FULL_ACL)
+    run_faults.publish_template(emu, images.load("debian12"))
+    sc.emulator = emu
+    sc.env["LAB_CHAOS_PVE_TOKEN"] = f"{TOKEN_ID}={TOKEN_SECRET}"
+    try:
+        with emu:
+            yield emu
+    finally:
+        sc.emulator = None
+
+
+def with_emulator(sc: Scenario, row: Row, inject) -> None:
+    with emulator(sc) as emu:
+        sc.write(hosts=pve_host(emu, PVE_SETTINGS), matrix='host = ["pve"]\nnic = ["virtio"]')
+        watcher = inject(emu)
+        res = sc.lab("run", timeout=300)
+        if watcher is not None:
+            watcher.join(timeout=30)
+        row.injected = True
+        row.exit_status = res.returncode
+        (sc.dir / "run.stderr").write_text(res.stderr)
+        row.clear, row.message = one_line_exit(res.returncode, res.stderr, sc.results)
+        # a lock held on a VM outlives the run: gc once the lock is gone, as a user would retry
+        wait_until(
+            lambda: not any(emu.vms[v].hold_lock for v in emu.vm_ids()),
+            timeout=60,
+            what="the held lock to expire",
+            interval=0.5,
+        )
+        gc_and_count(sc, row, set(), {run_id_of(sc.results) or "-"})
+
+
+def pve_fault(sc: Scenario, row: Row, name: str) -> None:
+    """One fault of tests/pve_emulator/run_faults.py, as its docstring says the harness uses it:
+    injected before `lab run`; the run's exit status and line checked (Injection.check_run); `lab gc`
+    while the fault lasts, where it says; the fault cleared; `lab gc`; nothing left, nothing foreign
+    touched."""
+    with emulator(sc) as emu:
+        make = run_faults.FAULTS[name]
+        inj = make(emu, images.load("debian12")) if name in NEEDS_IMAGE else make(emu)
+        sc.injection = inj
+        sc.env.update(inj.env)
+        sc.write(hosts=pve_host(emu, inj.merged_settings()), matrix='host = ["pve"]\nnic = ["virtio"]')
+        res = sc.lab("run", timeout=600)
+        if inj.watcher is not None:
+            inj.watcher.join(timeout=120)
+        row.injected = True
+        row.exit_status = res.returncode
+        (sc.dir / "run.stderr").write_text(res.stderr)
+        clear, row.message = one_line(res.stderr, sc.results)
+        problems = inj.check_run(emu, res.returncode, row.message)
+        row.notes += problems
+        row.clear = clear and not problems
+        if inj.gc_exit_while_faulty is not None:
+            gc = sc.lab("gc", timeout=600)
+            if gc.returncode != inj.gc_exit_while_faulty or "Traceback" in gc.stderr:
+                row.clear = False
+                row.notes.append(
+                    f"lab gc during the fault: exit {gc.returncode}, expected "
+                    f"{inj.gc_exit_while_faulty}: {gc.stderr.strip().splitlines()[-1:]}"
+                )
+        inj.clear()
+        gc_and_count(sc, row, set(), {run_id_of(sc.results) or "-"})
+        row.touched = inj.touched()
+        if inj.nothing_created:  # refused before anything was made: that includes the results store
+            if row.integrity == "no store":
+                row.integrity = "ok"
+            else:
+                row.clear = False
+                row.notes.append("a results store was made by a run refused at its checks")
+
+
+def pve_task_fails(sc: Scenario, row: Row) -> None:
+    with_emulator(sc, row, lambda emu: emu.fail_next("qmstart", "start failed: QEMU exited with code 1"))
+
+
+def pve_template_locked(sc: Scenario, row: Row) -> None:
+    with_emulator(sc, row, lambda emu: emu.hold_lock(TEMPLATE_VMID, "backup", 12))
+
+
+def pve_lock_on_teardown(sc: Scenario, row: Row) -> None:
+    def inject(emu):
+        emu.task_seconds["qmstart"] = 1.5
+        emu.fail_next("qmstart", "start failed: QEMU exited with code 1")
+
+        def lock_the_clone():  # while its start task runs, a backup job locks the clone for 8 s
+            try:
+                task = wait_until(
+                    lambda: next((t for t in list(emu.tasks.values()) if t.type == "qmstart"), None),
+                    timeout=60,
+                    what="the clone's start task",
+                    interval=0.01,
+                )
+                emu.hold_lock(int(task.id), "backup", 8)
+            except Exception as exc:
+                row.notes.append(f"could not lock the clone: {exc}")
+
+        t = threading.Thread(target=lock_the_clone, daemon=True)
+        t.start()
+        return t
+
+    with_emulator(sc, row, inject)
+    if "teardown" not in row.message:
+        row.notes.append("the teardown did not fail: the lock was not in its way")
+
+
+# -- what the lab did not make (issue 16) -------------------------------------------------------------
+
+
+def foreign_resources(sc: Scenario, row: Row) -> None:
+    """Things named like the lab's, without its marker, planted before a run of a local and a PVE
+    cell (tests/chaos_plant.py; run_faults.foreign_resources on the emulator): after the run, after
+    `lab gc` and after `lab gc --force`, none was touched, and the run left nothing of its own."""
+    daemons = libvirt_daemons.ensure_running()
+    planted = sc.planted = chaos_plant.Planted()
+    sc.libvirt_dir = sc.workdir / "libvirt"
+    sc.libvirt_dir.mkdir()
+    try:
+        parent = local_host.cgroup_parent()
+        chaos_plant.plant_local(planted, sc.workdir, parent[0] if parent else None, "zz")
+        statedir.ensure(sc.state)
+        chaos_plant.plant_locks(planted, sc.state, sc.results, "zz")
+        chaos_plant.plant_domains(planted, "zz", sc.dir)
+        with emulator(sc) as emu:
+            inj = sc.injection = run_faults.foreign_resources(emu, images.load("debian12"))
+            sc.write(
+                hosts=pve_host(emu, inj.merged_settings())
+                + f'[hosts.kvm]\nbackend = "libvirt"\nuri = "{URI}"\ndir = "{sc.libvirt_dir}"\n',
+                matrix='host = ["local", "pve"]\nnic = ["virtio"]',
+            )
+            res = sc.lab("run", timeout=900)
+            row.injected = True
+            row.exit_status = res.returncode
+            (sc.dir / "run.stderr").write_text(res.stderr)
+            row.clear, line = one_line_exit(res.returncode, res.stderr, sc.results)  # the PVE cell fails at ready
+            seen = {"run": planted.touched() + inj.touched()}
+            for argv in (["gc"], ["gc", "--force"]):
+                gc = sc.lab(*argv, timeout=600)
+                if gc.returncode != 0 or "Traceback" in gc.stderr:
+                    row.clear = False
+                    row.notes.append(
+                        f"lab {' '.join(argv)}: exit {gc.returncode}: {gc.stderr.strip().splitlines()[-1:]}"
+                    )
+                seen[" ".join(["lab", *argv])] = planted.touched() + inj.touched()
+            row.touched = sorted({t for ts in seen.values() for t in ts})
+            row.message = ", ".join(f"{len(ts)} touched after {when}" for when, ts in seen.items()) + f"; run: {line}"
+            row.leaked = sc.leftovers({run_id_of(sc.results) or "-"})
+            row.integrity = integrity(sc.results)
+    finally:
+        planted.remove()
+        libvirt_daemons.stop(daemons)

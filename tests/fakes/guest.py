@@ -1,0 +1,162 @@
+"""A guest that answers the lab's commands from a small model of a Linux machine: the verify line,
+sysctls (read, set, congestion control), `ethtool -k/-K` and tc netem; and the fake workload's
+`fake-work` command; podman (lab.isolation's containers: run, exec, inspect, rm). A failing stage's
+commands raise (CommandError), an interrupted one raises Interrupted, as the real Guest would
+surface a lost connection or a signal."""
+
+from __future__ import annotations
+
+import re
+import shlex
+
+from lab import proc
+from lab.errors import CommandError
+from lab.lifecycle import Interrupted
+from lab.osfacts import OsFacts
+
+
+class FakeGuest:
+    def __init__(
+        self,
+        *,
+        address: str,
+        facts: OsFacts,
+        nic_driver: str,
+        vcpus: int,
+        memory_mib: int,
+        lro: str = "on",
+        cc_default: str = "cubic",
+        fail: str | None = None,
+        interrupt: str | None = None,
+        os: str = "debian",
+        podman: bool = True,
+    ):
+        self.address, self.facts, self.os = address, facts, os
+        self.nic_driver, self.vcpus, self.memory_mib = nic_driver, vcpus, memory_mib
+        self.fail, self.interrupt = fail, interrupt
+        self.sysctl = {
+            "net.ipv4.tcp_congestion_control": cc_default,
+            "net.core.rmem_max": "212992",
+            "net.core.wmem_max": "212992",
+            "net.ipv4.tcp_rmem": "4096 131072 6291456",
+            "net.ipv4.tcp_wmem": "4096 16384 4194304",
+        }
+        self.lro_on, self.lro_fixed = lro.endswith("on"), lro.startswith("fixed")
+        self.netem: list[str] | None = None
+        self.commands: list[str] = []
+        self.connected = self.closed = False
+        self.known_hosts = None  # a fake has no SSH host key to check
+        self.podman = podman
+        self.containers: dict[str, str] = {}  # name -> id, while it exists
+        self.inside: list[str] = []  # the command lines that ran inside a container
+        self.within: str | None = None  # the container the command being answered runs in
+
+    # -- what the lab calls ------------------------------------------------------------------------
+    def connect(self, timeout: float = 60.0) -> None:
+        self._stage("ssh", "ssh")
+        self.connected = True
+
+    def run(self, command: str, *, timeout: float = 120.0, check: bool = True, input: str | None = None) -> proc.Result:
+        if command.startswith("podman exec "):  # the command runs as it would on the machine, inside
+            argv = shlex.split(command)
+            name, inner = argv[-4], argv[-1]
+            if name not in self.containers:
+                return proc.Result(argv, 125, "", f"Error: no container with name or ID {name!r} found", 0.0)
+            self.inside.append(inner)
+            self.within = name
+            try:
+                res = self.run(inner, timeout=timeout, check=check, input=input)
+            finally:
+                self.within = None
+            return proc.Result(argv, res.returncode, res.stdout, res.stderr, 0.0)
+        self.commands.append(command)
+        self._stage(_stage_of(command), command)
+        out, rc = self._podman(command) if re.search(r"podman|/run/\.containerenv|^ls -d /usr", command) else (None, 0)
+        if out is None:
+            out = self._answer(command)
+        return proc.Result(["ssh", self.address, command], rc, out, "", 0.0)
+
+    def _podman(self, command: str) -> tuple[str | None, int]:
+        """(output, status) of a podman command on this machine; (None, 0) when it is not one."""
+        inside = self.within is not None
+        if command.startswith("test -f /run/.containerenv"):
+            return ("inside\n" if inside else ""), 0 if inside else 1
+        if command.startswith("ls -d /usr"):
+            return "/usr\n/etc/nginx\n/srv/www\n", 0
+        if command == "command -v podman":
+            return ("/usr/bin/podman\n", 0) if self.podman else ("", 1)
+        argv = shlex.split(command)
+        if not self.podman or argv[0] != "podman":
+            return ("", 127) if argv[0] == "podman" else (None, 0)
+        if argv[1:3] == ["image", "exists"] or argv[1:2] == ["--version"]:
+            return "podman version 4.3.1\n" if argv[1] == "--version" else "", 0
+        if argv[1] == "run":
+            name = argv[argv.index("--name") + 1]
+            self.containers[name] = f"{len(self.containers) + 1:064x}"
+            return self.containers[name] + "\n", 0
+        if argv[1] == "inspect":
+            made = next((shlex.split(c) for c in self.commands if c.startswith("podman run") and argv[-1] in c), [])
+            network = next((a.split("=", 1)[1] for a in made if a.startswith("--network=")), "host")
+            if argv[-1] not in self.containers:
+                return "", 125
+            return f"{self.containers[argv[-1]]} running 4242 {network}\n", 0
+        if argv[1] == "rm":
+            self.containers.pop(argv[-1], None)
+            return argv[-1] + "\n", 0
+        if argv[1:3] == ["container", "exists"]:
+            return "", 0 if argv[-1] in self.containers else 1
+        return "", 0
+
+    def close(self) -> None:
+        self.closed = True
+
+    # -- the model ---------------------------------------------------------------------------------
+    def _stage(self, stage: str, command: str) -> None:
+        """Fail or interrupt the stage the test asked for (workloads@N: at measured repetition N)."""
+        for how, wanted in (("fail", self.fail), ("interrupt", self.interrupt)):
+            if not wanted:
+                continue
+            name, _, rep = wanted.partition("@")
+            if name != stage or (rep and f"fake-work {rep}" != command):
+                continue
+            if how == "interrupt":
+                raise Interrupted("SIGTERM")
+            raise CommandError(["ssh", self.address, command], 255, "", f"injected failure at {wanted}")
+
+    def _answer(self, command: str) -> str:
+        if command.startswith("echo nic="):
+            return (
+                f"nic={self.nic_driver}\ncpus={self.vcpus}\nmem={self.memory_mib * 1024 * 97 // 100}\nLinux 6.1.0-fake"
+            )
+        for key, value in re.findall(r"sysctl (?:-q )?-w ([\w.]+)=('[^']*'|\S+)", command):
+            self.sysctl[key] = " ".join(value.strip("'").split())
+        if "sysctl -n" in command:
+            keys = re.findall(r"sysctl -n ([\w.]+)", command)
+            return "".join(f"{k}\t{self.sysctl[k]}\n" for k in keys if k in self.sysctl)
+        m = re.match(r"ethtool -K \S+ lro (on|off)", command)
+        if m and not self.lro_fixed:
+            self.lro_on = m.group(1) == "on"
+        if command.startswith("ethtool -k"):
+            fixed = " [fixed]" if self.lro_fixed else ""
+            return (
+                f"large-receive-offload: {'on' if self.lro_on else 'off'}{fixed}\n"
+                "tcp-segmentation-offload: on\ngeneric-receive-offload: on\n"
+            )
+        m = re.search(r"tc qdisc replace dev \S+ root netem (.*)$", command)
+        if m:
+            self.netem = [a.strip("'") for a in m.group(1).split()]
+        if command.startswith("tc qdisc show"):
+            if self.netem is None:
+                return "qdisc fq_codel 0: root refcnt 2\n"
+            return "qdisc netem 8001: root refcnt 2 " + " ".join(self.netem) + "\n"
+        if command.startswith("tc qdisc del"):
+            self.netem = None
+        return ""
+
+
+def _stage_of(command: str) -> str:
+    if command.startswith("echo nic="):
+        return "verify"
+    if command.startswith("fake-work"):
+        return "workloads"
+    return "tune"
