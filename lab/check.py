@@ -11,12 +11,14 @@ known from lab.toml, the backends' capabilities, lab.osfacts and the image recip
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from lab import backends, images, isolation, osfacts, plan, tuning, wan
 from lab.axes import AXES, BY_NAME
-from lab.errors import ConfigError, SettingError, UsageError
+from lab.errors import ConfigError, HostUnreachable, SettingError, UnreachableError, UsageError
 from lab.labconfig import KNOWN_IMAGES, LabConfig
 from lab.model import ImageRef, Isolation
 from lab.workloads import Workload, WorkloadContext, load_all
@@ -193,6 +195,23 @@ def located(cfg: LabConfig, host: str, exc: SettingError) -> ConfigError:
     """A backend's SettingError (a matrix axis or a key of [hosts.HOST]) as the lab.toml key it is."""
     key = _index(cfg, exc.key, exc.value) if exc.key in AXES else f"hosts.{host}.{exc.key}"
     return ConfigError(cfg.source, key, exc.value, exc.problem, hint=exc.hint)
+
+
+ADDRESS_KEYS = ("url", "uri", "ssh")  # how each backend's settings say where the host is
+
+
+@contextmanager
+def reaching(cfg: LabConfig, host: str) -> Iterator[None]:
+    """A host that cannot be reached while nothing is created yet (`lab run`'s checks, `lab
+    snapshot`) is bad input: UnreachableError (exit 2), naming the file, the host's address key
+    and its value, then what the backend said."""
+    try:
+        yield
+    except HostUnreachable as exc:
+        settings = cfg.hosts[host]
+        key = next((k for k in ADDRESS_KEYS if getattr(settings, k, None)), None)
+        where = f"hosts.{host}.{key} = {getattr(settings, key)!r}" if key else f"hosts.{host}"
+        raise UnreachableError(f"{cfg.source}: {where}: {exc}", exc.hint) from None
 
 
 def _plan_image(name: str) -> ImageRef:

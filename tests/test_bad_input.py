@@ -84,6 +84,8 @@ CASES = [
     ("token-env-unset", ["run"], "LAB_TEST_UNSET_TOKEN", "pve-env"),
     ("token-file-missing", ["run"], "cannot read secret file", "pve-file"),
     ("proxmox-unreachable", ["run"], "127.0.0.1:{port}", "pve-closed"),
+    # nothing stored from a host that did not answer; the line names file, key and value
+    ("snapshot-unreachable", ["snapshot", "pve1"], "hosts.pve1.url = 'https://127.0.0.1:{port}'", "pve-closed"),
     # issue 16: what is wrong with the arguments is said before any host is asked
     ("resume-unknown-before-host-checks", ["run", "--resume", "nope"], "no run 'nope'", "pve-closed"),
     ("resume-ambiguous-before-host-checks", ["run", "--resume", "r"], "is ambiguous", "pve-closed"),

@@ -339,7 +339,8 @@ def snapshot_cmd(host, config_path, results_dir, as_json):
     cfg = load_or_default(config_path)
     require_host(cfg, config_path, host)
     backend = cfg.open_backends({host})[host]
-    facts = hostinfo.snapshot(host, backend)
+    with check.reaching(cfg, host):  # nothing is stored unless the host answered
+        facts = hostinfo.snapshot(host, backend)
     fp = hostinfo.fingerprint(facts)
     store = new_store(cfg, Path(results_dir) if results_dir else None)
     fid = store.save_host_facts(host, fp, facts)

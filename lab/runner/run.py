@@ -64,8 +64,9 @@ def prepare(cfg: LabConfig) -> tuple[list[plan.Unit], dict[str, ImageRef], dict[
     cells = plan.units(cfg)
     # Secrets and hosts first: a wrong token or an unreachable host is the first thing to fix.
     backends = cfg.open_backends({c.host for c in cells})
-    for b in backends.values():
-        b.check()
+    for host, b in backends.items():
+        with check.reaching(cfg, host):
+            b.check()
     imgs = {name: images.load(name) for name in sorted({c.image for c in cells if c.kind == "vm"})}
     for host, b in backends.items():
         vms = [c for c in cells if c.kind == "vm" and c.host == host]
