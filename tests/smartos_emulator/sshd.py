@@ -136,7 +136,7 @@ class Sshd:
             except OSError:
                 return False
 
-        wait_until(listening, timeout=20, what=f"the emulator's sshd on {self.address}:{self.port}", interval=0.05)
+        wait_until(listening, timeout=60, what=f"the emulator's sshd on {self.address}:{self.port}", interval=0.05)
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:
