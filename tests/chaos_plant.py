@@ -20,10 +20,11 @@ import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from libvirt_daemons import URI, VIRSH_TIMEOUT
+
 from lab import proc
 from lab.backends.local import host as local_host
 
-URI = "qemu:///system"
 FOREIGN = "someone else's file, not a pid\n"
 
 
@@ -68,7 +69,7 @@ class Planted:
         out += [f"cgroup {cg} removed" for cg in self.cgroups if not cg.is_dir()]
         out += [f"process {what} (pid {p.pid}) killed" for what, p in self.processes.items() if p.poll() is not None]
         for name, xml in self.domains.items():
-            now = proc.run(["virsh", "-c", URI, "dumpxml", "--inactive", name], check=False, timeout=30)
+            now = proc.run(["virsh", "-c", URI, "dumpxml", "--inactive", name], check=False, timeout=VIRSH_TIMEOUT)
             if not now.ok:
                 out.append(f"libvirt domain {name} removed")
             elif now.stdout != xml:
@@ -89,7 +90,7 @@ class Planted:
             except OSError:
                 pass
         for name in self.domains:
-            proc.run(["virsh", "-c", URI, "undefine", name], check=False, timeout=30)
+            proc.run(["virsh", "-c", URI, "undefine", name], check=False, timeout=VIRSH_TIMEOUT)
 
 
 def plant_local(planted: Planted, workdir: Path, cgroup_parent: Path | None, tag: str) -> None:
@@ -156,5 +157,6 @@ def plant_domains(planted: Planted, tag: str, where: Path) -> None:
         name = f"lab-{tag}{i}-c01"
         xml = where / f"{name}.xml"
         xml.write_text(textwrap.dedent(DOMAIN.format(name=name, run=f"{tag}{i}", metadata=metadata)))
-        proc.run(["virsh", "-c", URI, "define", str(xml)], timeout=30)
-        planted.domains[name] = proc.run(["virsh", "-c", URI, "dumpxml", "--inactive", name], timeout=30).stdout
+        proc.run(["virsh", "-c", URI, "define", str(xml)], timeout=VIRSH_TIMEOUT)
+        dumped = proc.run(["virsh", "-c", URI, "dumpxml", "--inactive", name], timeout=VIRSH_TIMEOUT)
+        planted.domains[name] = dumped.stdout

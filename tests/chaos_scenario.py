@@ -16,6 +16,7 @@ from pathlib import Path
 
 import chaos_plant
 import libvirt_daemons
+from libvirt_daemons import VIRSH_TIMEOUT
 from pve_emulator import run_faults
 
 from lab import proc, statedir
@@ -207,7 +208,8 @@ class Scenario:
                 f"tap {line.split(':')[1].strip().split('@')[0]} on {br}" for line in ports.splitlines() if ":" in line
             ]
         if self.libvirt_dir is not None:
-            names = proc.run(["virsh", "-c", URI, "list", "--all", "--name"], check=False, timeout=30).stdout.split()
+            listed = proc.run(["virsh", "-c", URI, "list", "--all", "--name"], check=False, timeout=VIRSH_TIMEOUT)
+            names = listed.stdout.split()
             out += [f"libvirt domain {n}" for n in names if any(n.startswith(f"lab-{r}-") for r in run_ids)]
             if self.libvirt_dir.is_dir():
                 out += [f"libvirt file {p.name}" for p in self.libvirt_dir.iterdir()]

@@ -18,6 +18,9 @@ from lab import proc
 from lab.wait import wait_until
 
 URI = "qemu:///system"
+# A test's own virsh call (define, dumpxml, list): libvirtd answers in well under a second when idle,
+# but took over 30 s beside two workers' VMs (the chaos suite's planting failed on it in a fresh-clone run).
+VIRSH_TIMEOUT = 180
 RUN_DIR = Path("/run/libvirt")
 VIRTLOGD_SOCK = RUN_DIR / "virtlogd-sock"
 LIBVIRTD_SOCK = RUN_DIR / "libvirt-sock"

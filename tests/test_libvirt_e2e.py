@@ -32,6 +32,7 @@ from pathlib import Path
 
 import pytest
 from conftest import LAB, LIBVIRT_URI as URI, run_lab_cli
+from libvirt_daemons import VIRSH_TIMEOUT
 
 import lab
 from lab import proc
@@ -61,7 +62,7 @@ pytestmark = [
 
 
 def virsh_names() -> list[str]:
-    return proc.run(["virsh", "-c", URI, "list", "--all", "--name"], timeout=30).stdout.split()
+    return proc.run(["virsh", "-c", URI, "list", "--all", "--name"], timeout=VIRSH_TIMEOUT).stdout.split()
 
 
 def bridge_ports(bridge: str) -> list[str]:
@@ -362,7 +363,7 @@ def test_gc_finds_a_killed_runs_domain_by_its_metadata(golden, libvirtd, lab_bri
         def domain_running() -> bool:
             if p.poll() is not None:
                 raise AssertionError(f"lab run exited early: {(tmp_path / 'run.log').read_text()[-2000:]}")
-            res = proc.run(["virsh", "-c", URI, "domstate", name], timeout=30, check=False)
+            res = proc.run(["virsh", "-c", URI, "domstate", name], timeout=VIRSH_TIMEOUT, check=False)
             return res.ok and "running" in res.stdout
 
         wait_until(domain_running, timeout=180, what=f"{name} to run")
