@@ -14,7 +14,7 @@ APT_PACKAGES := qemu-system-x86 qemu-utils mmdebstrap packer e2fsprogs iproute2 
 	openssh-client openssl iperf3 wrk sysbench git curl zstd python3-venv \
 	libvirt-daemon-system libvirt-dev pkg-config gcc shellcheck libxml2-utils \
 	nginx-light chromium \
-	dnsmasq-base udhcpc fdisk dosfstools ovmf genisoimage openssh-server vagrant vagrant-libvirt ruby
+	dnsmasq-base udhcpc fdisk dosfstools mtools ovmf genisoimage openssh-server vagrant vagrant-libvirt ruby
 
 .PHONY: setup apt venv images run test test-fast bench chaos lint clean gc doctor
 

@@ -157,6 +157,10 @@ def plant_domains(planted: Planted, tag: str, where: Path) -> None:
         name = f"lab-{tag}{i}-c01"
         xml = where / f"{name}.xml"
         xml.write_text(textwrap.dedent(DOMAIN.format(name=name, run=f"{tag}{i}", metadata=metadata)))
+        # a planting cut short (a rerun, a timeout after libvirtd did define it) leaves the domain:
+        # start from none, and let remove() undefine it whatever happens next
+        proc.run(["virsh", "-c", URI, "undefine", name], check=False, timeout=VIRSH_TIMEOUT)
+        planted.domains[name] = ""
         proc.run(["virsh", "-c", URI, "define", str(xml)], timeout=VIRSH_TIMEOUT)
         dumped = proc.run(["virsh", "-c", URI, "dumpxml", "--inactive", name], timeout=VIRSH_TIMEOUT)
         planted.domains[name] = dumped.stdout

@@ -11,6 +11,9 @@ from pathlib import Path
 
 from lab import proc
 from lab.errors import LabError
+from lab.wait import wait_until
+
+DESC_WAIT_S = 180  # a libvirtd re-probing QEMU (tens of seconds here) or a domain lock held that long
 
 # -- vagrant ------------------------------------------------------------------------------------------
 
@@ -167,9 +170,24 @@ class Virsh:
         return self.run(["list", "--all", "--name"], what="virsh list").stdout.split()
 
     def description(self, name: str) -> str | None:
-        """The domain's <description>; None when there is no such domain."""
-        res = self.run(["desc", name], what="virsh desc", check=False)
-        return res.stdout.strip() if res.ok else None
+        """The domain's <description>; None when libvirt says there is no such domain. Any other
+        failure (libvirtd gone, a state-change lock held by a `vagrant up` still running) is not
+        "gone": it is asked again for up to DESC_WAIT_S, then raised (gc once took such a failure
+        for a removed domain and reported it removed)."""
+        last = [""]
+
+        def ask() -> tuple[str | None] | None:
+            res = self.run(["desc", name], what="virsh desc", check=False)
+            if res.ok:
+                return (res.stdout.strip(),)
+            if f"failed to get domain '{name}'" in res.stderr or "Domain not found" in res.stderr:
+                return (None,)
+            last[0] = res.stderr.strip().splitlines()[-1] if res.stderr.strip() else f"exit {res.returncode}"
+            return None
+
+        return wait_until(
+            ask, timeout=DESC_WAIT_S, what=f"virsh desc {name}", interval=1, max_interval=5, detail=lambda: last[0]
+        )[0]
 
     def address(self, name: str) -> str:
         """The guest's IPv4 address from the libvirt network's DHCP lease ("" if none yet)."""
