@@ -6,7 +6,10 @@ A sample is flagged
   that stand where a tool measured nothing;
 - by its host (lab.hostload.label): labels[HOST_LOAD]["flag"], when foreign load or CPU steal on
   the host exceeded `[suite] foreign_load_pct` during its repetition, or the host was not quiet
-  before it.
+  before it;
+- by its client (lab.clientload.label): labels[CLIENT_LOAD]["flag"], when the machine that ran a
+  network workload's load generator (not the cell's host) was busy at or above `[suite]
+  client_saturated_pct` % of its CPUs during the repetition.
 Medians, CIs, verdicts, the A/A band and adaptive repetition use the samples no flag holds.
 """
 
@@ -15,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from lab.clientload import CLIENT_LOAD
 from lab.hostload import HOST_LOAD
 
 FLAGGED = "flagged"  # the parsers' label (lab.workloads.toolkit.FLAGGED)
@@ -27,9 +31,10 @@ def reasons(labels: Mapping[str, Any]) -> list[str]:
     out = []
     if labels.get(FLAGGED):
         out.append(str(labels.get(FLAGGED_WHY) or "flagged by its parser (errors during the load)"))
-    host = labels.get(HOST_LOAD)
-    if isinstance(host, Mapping) and host.get("flag"):
-        out.append(str(host["flag"]))
+    for key in (HOST_LOAD, CLIENT_LOAD):
+        window = labels.get(key)
+        if isinstance(window, Mapping) and window.get("flag"):
+            out.append(str(window["flag"]))
     return out
 
 

@@ -112,6 +112,10 @@ class SuiteSection(Strict):
     quiet_host: Literal["wait", "record", "off"] | None = None
     quiet_seconds: float = Field(default=2.0, gt=0, le=600)
     quiet_timeout_s: float = Field(default=30.0, ge=0, le=3600)
+    # The client under network samples (lab.clientload): a repetition during which the machine
+    # running the load generator (when it is not the cell's host) was busy at or above this % of
+    # all its CPUs is flagged: the generator, not the guest, may have set the figure.
+    client_saturated_pct: float = Field(default=90.0, gt=0, le=100)
 
     def quiet_mode(self, local_host: bool) -> str:
         """What a host gets: the setting; unset, $LAB_QUIET_HOST (a machine that runs several labs at

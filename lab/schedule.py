@@ -115,6 +115,7 @@ def describe(suite: Any, seed: int) -> dict[str, Any]:
             }
         )
     out["foreign_load_pct"] = suite.foreign_load_pct  # the threshold samples were flagged at
+    out["client_saturated_pct"] = suite.client_saturated_pct
     out["quiet"] = {"seconds": suite.quiet_seconds, "timeout_s": suite.quiet_timeout_s}
     return out
 

@@ -25,6 +25,9 @@ the moment; the local backend boots the golden image under QEMU):
                               VMs and templates (tests/chaos_plant.py); none may be touched by the run,
                               `lab gc` or `lab gc --force`
   kill-then-resume (long)     SIGKILL mid-workload, gc, `lab run --resume`: the run completes
+  host-disappears             (issue 17) a run on two lanes, local and the PVE emulator: the PVE host stops
+                              answering once its clone starts; its lane ends with the reason, the local
+                              lane measures its cell to the end, `lab gc` removes the clone once the host is back
 After each: `lab gc` (the CLI), then the count: the exit status and message of the run (one line,
 no traceback; a run killed with -9 must read "failed" with its one-line reason after gc),
 leftovers (QEMU processes of the scenario's workdir, its namespaces, taps in them or on its
@@ -60,6 +63,7 @@ if str(HERE) not in sys.path:  # the PVE emulator and the suite's parts live bes
 import libvirt_daemons  # noqa: E402
 from chaos_pve import (  # noqa: E402
     foreign_resources,
+    host_disappears,
     pve_fault,
     pve_lock_on_teardown,
     pve_task_fails,
@@ -111,6 +115,7 @@ SHORT = [
     *PVE_SHORT,
     "libvirt-refuses-start",
     "foreign-resources",
+    "host-disappears",
 ]
 CONFIGS = {
     "short": Config("short", SHORT, reps=3, seconds=1),
@@ -123,7 +128,7 @@ CONFIGS = {
         + SHORT[5:6]
         + PVE_SHORT
         + PVE_LONG
-        + SHORT[-2:],
+        + SHORT[-3:],
         reps=4,
         seconds=3,
     ),
@@ -321,6 +326,7 @@ FAULTS = {
     "libvirt-refuses-start": libvirt_refuses_start,
     "kill-then-resume": kill_then_resume,
     "foreign-resources": foreign_resources,
+    "host-disappears": host_disappears,
     **{name: (lambda sc, row, name=name: pve_fault(sc, row, name)) for name in PVE_SHORT + PVE_LONG},
 }
 

@@ -10,7 +10,20 @@ import threading
 
 import chaos_plant
 import libvirt_daemons
-from chaos_scenario import URI, Row, Scenario, gc_and_count, integrity, one_line, one_line_exit, run_id_of
+from chaos_scenario import (
+    URI,
+    Row,
+    Scenario,
+    cell_state,
+    finish,
+    gc_and_count,
+    integrity,
+    one_line,
+    one_line_exit,
+    peek,
+    run_id_of,
+    wait_for,
+)
 from pve_emulator import PveEmulator, run_faults
 from pve_emulator.certs import make_certs
 from pve_emulator.fixtures import FULL_ACL, TEMPLATE_VMID, TOKEN_ID, TOKEN_SECRET
@@ -167,6 +180,44 @@ def pve_lock_on_teardown(sc: Scenario, row: Row) -> None:
     with_emulator(sc, row, inject)
     if "teardown" not in row.message:
         row.notes.append("the teardown did not fail: the lock was not in its way")
+
+
+# -- a host lost mid-run (issue 17) ------------------------------------------------------------------
+
+
+def host_disappears(sc: Scenario, row: Row) -> None:
+    """A run on two lanes, this machine and the PVE emulator: once the PVE clone's start task
+    exists, the PVE host stops answering (every connection dropped, until cleared). Its lane ends
+    with the reason while the local lane measures its cell to the end; the run exits 1 with one
+    line; once the host is back, `lab gc` removes the clone the lost lane could not."""
+    with emulator(sc) as emu:
+        settings = {**PVE_SETTINGS, "timeouts": {**PVE_SETTINGS["timeouts"], "retry": 5, "destroy": 8, "http": 5}}
+        sc.write(hosts=pve_host(emu, settings), matrix='host = ["local", "pve"]\nnic = ["virtio"]')
+        p = sc.start()
+        try:
+            started = lambda: any(t.type == "qmstart" for t in list(emu.tasks.values()))  # noqa: E731
+            wait_for("the PVE clone's start task", started, p)
+            emu.drop_connections()  # every request from now on: the host is gone
+            row.injected = True
+        finally:
+            row.exit_status = finish(p)
+        row.clear, row.message = one_line_exit(row.exit_status, sc.stderr(), sc.results)
+        rid = run_id_of(sc.results) or "-"
+        states = {c: cell_state(sc.results, c) for c in ("c01", "c02")}
+        local_cell, pve_cell = sorted(states, key=lambda c: cell_host(sc.results, rid, c) == "pve")
+        if states[local_cell][0] != "done" or states[local_cell][2] < sc.cfg.reps:
+            row.clear = False
+            row.notes.append(f"the local lane did not run to the end: {local_cell} {states[local_cell]}")
+        if states[pve_cell][0] != "failed" or "pve" not in row.message:
+            row.clear = False
+            row.notes.append(f"the lost host's cell: {pve_cell} {states[pve_cell]}; run: {row.message}")
+        emu.clear_connection_faults()  # the host is back: gc can look at it
+        gc_and_count(sc, row, set(), {rid})
+
+
+def cell_host(results, run_id: str, cell_id: str) -> str:
+    rows = peek(results, "SELECT axes FROM cells WHERE run_id = ? AND cell_id = ?", (run_id, cell_id))
+    return str(json.loads(rows[0][0]).get("host", "")) if rows else ""
 
 
 # -- what the lab did not make (issue 16) -------------------------------------------------------------

@@ -50,6 +50,21 @@ def write_lab(
     return config.load(fake_lab.path)
 
 
+def run_with(fake_lab, probes: list, hosts: dict[str, str], **lab) -> tuple[Store, str]:
+    """Register `probes` (workloads), run a lab of `hosts` (write_lab's `lab` keywords), unregister."""
+    from lab import workloads
+
+    for probe in probes:
+        workloads.register(probe)
+    try:
+        cfg = write_lab(fake_lab, hosts, **lab)
+        store = Store(cfg.results_dir)
+        return store, runner.run_lab(cfg, store)
+    finally:
+        for probe in probes:
+            workloads.WORKLOADS.pop(probe.name, None)
+
+
 def by_status(store, rid):
     out: dict[str, list[str]] = {}
     for c in store.cells(rid):
@@ -269,20 +284,14 @@ class ConcurrencyProbe(fake_workload.FakeWorkload):
 
 @pytest.mark.parametrize("network", [True, False])
 def test_network_measurements_of_different_lanes_take_turns_on_the_client(fake_lab, network):
-    from lab import workloads
-
-    probe = workloads.register(ConcurrencyProbe("fake-probe", network))
-    try:
-        cfg = write_lab(
-            fake_lab,
-            {h: "" for h in "abc"},
-            vcpus=3,
-            suite='workloads = ["fake-probe"]\n[suite.params.fake-probe]\nvalues = [1.0]',
-        )
-        store = Store(cfg.results_dir)
-        rid = runner.run_lab(cfg, store)
-    finally:
-        workloads.WORKLOADS.pop("fake-probe", None)
+    probe = ConcurrencyProbe("fake-probe", network)
+    store, rid = run_with(
+        fake_lab,
+        [probe],
+        {h: "" for h in "abc"},
+        vcpus=3,
+        suite='workloads = ["fake-probe"]\n[suite.params.fake-probe]\nvalues = [1.0]',
+    )
     assert by_status(store, rid) == {"done": [f"c0{i}" for i in range(1, 10)]}
     samples = store.samples(rid)
     if network:
@@ -388,24 +397,15 @@ class IntervalProbe(fake_workload.FakeWorkload):
 
 
 def test_a_cell_on_this_machine_never_measures_beside_another_lanes_load_generator(fake_lab):
-    from lab import workloads
-
     IntervalProbe.log = []
-    for probe in (IntervalProbe("probe-cpu", False), IntervalProbe("probe-net", True)):
-        workloads.register(probe)
-    try:
-        cfg = write_lab(
-            fake_lab,
-            {"here": "local_host = true", "far": ""},
-            vcpus=3,
-            repetitions=2,
-            suite='workloads = ["probe-cpu", "probe-net"]',
-        )
-        store = Store(cfg.results_dir)
-        rid = runner.run_lab(cfg, store)
-    finally:
-        for name in ("probe-cpu", "probe-net"):
-            workloads.WORKLOADS.pop(name, None)
+    store, rid = run_with(
+        fake_lab,
+        [IntervalProbe("probe-cpu", False), IntervalProbe("probe-net", True)],
+        {"here": "local_host = true", "far": ""},
+        vcpus=3,
+        repetitions=2,
+        suite='workloads = ["probe-cpu", "probe-net"]',
+    )
     hosts = host_of(store, rid)
     host_of_guest = {id(g): hosts[name.rsplit("-", 1)[1]] for name, g in fake.GUESTS.items()}
     runs = [(host_of_guest[g], name, a, b) for g, name, a, b in IntervalProbe.log]

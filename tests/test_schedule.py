@@ -114,6 +114,7 @@ def test_outcome_describe_planned_skipped():
         "max_repetitions": 9,
         "max_seconds": None,
         "foreign_load_pct": 10.0,
+        "client_saturated_pct": 90.0,
         "quiet": {"seconds": 2.0, "timeout_s": 30.0},
     }
     assert schedule.planned(s) == "4-9" and schedule.planned(suite(repetitions=5)) == "5"

@@ -14,7 +14,8 @@ sample of it (labels["host_load"]), flagged when foreign load or steal exceeded 
 The client: a network workload (`network = True` on the workload: its load generator or server
 runs on the client side) holds its host's client placement's lock (RunContext.client_locks) for its
 prepare and each of its runs, so two lanes never measure through one client at once; its samples
-carry the placement (labels["client"], "local": this machine). Every workload of a cell on this
+carry the placement (labels["client"], "local": this machine) and how busy the client was during
+each repetition (labels["client_load"], lab.clientload: flagged when it was saturated). Every workload of a cell on this
 machine (Capabilities.local_host) holds the "local" lock too: another lane's load generator would
 be foreign load under its figures.
 """
@@ -28,7 +29,7 @@ import threading
 import time
 from typing import Any
 
-from lab import flags, hostload, lifecycle, schedule
+from lab import clientload, flags, hostload, lifecycle, schedule
 from lab.errors import LabError
 from lab.lifecycle import CellLife, Interrupted
 from lab.model import Client
@@ -83,6 +84,7 @@ def run_workloads(
             else contextlib.nullcontext
         )
         client_labels = {"client": placement} if network else {}
+        client_watch = ClientWatch(ctx, life, placement, judged=not on_this_machine) if network else None
         started = lifecycle.clock()
         try:
             with turn():
@@ -107,7 +109,10 @@ def run_workloads(
             eid = store.start_execution(rid, cell.id, round_no, name, rep)
             try:
                 with turn():
+                    window = client_watch.open() if client_watch is not None and rep >= 0 else None
                     raw, load = run_watched(wl, wctx, rep, host, f"{name} {detail}")
+                    if client_watch is not None and window is not None:
+                        load = {**load, **client_watch.after(window, f"{name} {detail}")}
                 if load and getattr(wl, "records_host_load", False):  # the host's figures are the workload's own (idle)
                     raw = dataclasses.replace(
                         raw, extra={**raw.extra, hostload.HOST_LOAD: json.dumps(load[hostload.HOST_LOAD])}
@@ -177,6 +182,24 @@ def run_watched(
         window.stop()  # a polling window's thread ends with it
         raise
     return raw, host.after(window, what)
+
+
+class ClientWatch:
+    """The client under one cell's network repetitions (lab.clientload): a window around each, and
+    what to stamp on its samples; a saturated client (judged: not the cell's host) is said."""
+
+    def __init__(self, ctx: RunContext, life: CellLife, placement: str, *, judged: bool):
+        self.placement, self.judged, self.life = placement, judged, life
+        self.threshold, self.reporter = ctx.cfg.suite.client_saturated_pct, ctx.reporter
+
+    def open(self) -> hostload.LoadWindow:
+        return clientload.open_window(self.placement)
+
+    def after(self, window: hostload.LoadWindow, what: str) -> dict[str, Any]:
+        label = clientload.label(self.placement, window.stop(), self.threshold, judged=self.judged)
+        if "flag" in label:
+            self.reporter.warn(f"{self.life.cell.id} {what}: flagged: {label['flag']}")
+        return {clientload.CLIENT_LOAD: label}
 
 
 WAIT_SHOWN_EVERY_S = 5.0
