@@ -88,6 +88,14 @@ def _parse_host(name: str, table: Any, source: str) -> HostSettings:
         raise _config_error(exc, table, source, ("hosts", name)) from None
     for key, value, problem in settings.problems():
         raise ConfigError(source, f"hosts.{name}.{key}", value, problem)
+    caps = backends.capabilities(settings)
+    if settings.slots > caps.max_slots:
+        raise ConfigError(
+            source,
+            f"hosts.{name}.slots",
+            settings.slots,
+            f"the {caps.description} backend runs at most {caps.max_slots} measured VM(s) of a run at once on a host",
+        )
     for key in SECRET_KEYS:
         ref = getattr(settings, key, None)
         if isinstance(ref, str):

@@ -19,7 +19,9 @@ times, the median over the last RECENT_RUNS finished runs on that host alone.
 
 Several hosts run at once, one lane each (lab.runner.lanes): each host's cells and overhead are its
 lane's time (Estimate.lanes), and the run takes the longest lane, unless the network workloads of
-every lane, which take turns on the client, add up to more (Estimate.client_s).
+every lane, which take turns on the client, add up to more (Estimate.client_s). A host with several
+slots divides its cells' time among them, but not the measurements on this machine, which take
+turns on it.
 
 The defaults (a first run): a VM's fixed stages take STAGE_DEFAULTS_S (21 s in all: a TCG boot
 of the golden Debian image to SSH, plus clone, verify, tune and teardown), a workload's prepare
@@ -217,6 +219,7 @@ def estimate(
     runs: dict[str, set[str]] = {}
     defaulted: list[str] = []
     lanes: dict[str, float] = {}  # the hosts run at once, one lane each (lab.runner.lanes)
+    serial: dict[str, float] = {}  # what of a host's time its slots cannot overlap
     client_s = 0.0  # network workloads of every lane: they take turns on the client (lab.runner.measure)
     for u in units:
         if u.id in dups:
@@ -239,7 +242,8 @@ def estimate(
 
         stage_defaults = BARE_METAL_DEFAULTS_S if image is None else STAGE_DEFAULTS_S
         per_boot = sum(pick(got.stages, s, d, s) for s, d in stage_defaults.items())
-        waits = suite.quiet_mode(backends.capabilities(cfg.hosts[u.host]).local_host) == "wait"
+        local = backends.capabilities(cfg.hosts[u.host]).local_host
+        waits = suite.quiet_mode(local) == "wait"
         quiet = pick(got.stages, "quiet", suite.quiet_seconds, "quiet wait") if waits else 0.0
         measured_total = 0.0
         for name in suite.workloads:
@@ -251,7 +255,12 @@ def estimate(
             if getattr(load_all()[name], "network", False):
                 client_s += boots * (prepare + suite.warmup * warm) + suite.repetitions * rep
         lanes[u.host] = lanes.get(u.host, 0.0) + boots * per_boot + measured_total
+        if local:  # every measurement on this machine holds its client: its slots measure in turn
+            serial[u.host] = serial.get(u.host, 0.0) + measured_total
     hosts = sorted({u.host for u in units if u.id not in dups})
+    for host in hosts:  # a host with several slots runs as many lanes (lab.runner.lanes.split)
+        cells = sum(1 for u in units if u.host == host and u.id not in dups)
+        lanes[host] = max(lanes.get(host, 0.0) / max(1, min(cfg.hosts[host].slots, cells)), serial.get(host, 0.0))
     for host in hosts:
         spent, spent_runs = run_overhead(store, host) if store is not None else (None, [])
         if spent is None:

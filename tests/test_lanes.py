@@ -65,6 +65,14 @@ def run_with(fake_lab, probes: list, hosts: dict[str, str], **lab) -> tuple[Stor
             workloads.WORKLOADS.pop(probe.name, None)
 
 
+def timed_run(cfg) -> tuple[Store, str, float]:
+    """Run `cfg`: its store, the run id and the wall time."""
+    store = Store(cfg.results_dir)
+    started = time.monotonic()
+    rid = runner.run_lab(cfg, store)
+    return store, rid, time.monotonic() - started
+
+
 def by_status(store, rid):
     out: dict[str, list[str]] = {}
     for c in store.cells(rid):
@@ -162,11 +170,7 @@ def test_one_host_runs_inline_and_records_one_lane(fake_lab):
 
 
 def test_two_hosts_run_at_once_and_the_manifest_says_what_overlapped(fake_lab):
-    cfg = write_lab(fake_lab, {"a": "", "b": ""}, vcpus=2, sleep_s=0.3)
-    store = Store(cfg.results_dir)
-    started = time.monotonic()
-    rid = runner.run_lab(cfg, store)
-    wall = time.monotonic() - started
+    store, rid, wall = timed_run(write_lab(fake_lab, {"a": "", "b": ""}, vcpus=2, sleep_s=0.3))
     assert by_status(store, rid) == {"done": ["c01", "c02", "c03", "c04"]}
     man = store.run(rid).manifest
     assert man["lanes"] == {"a": ["c01", "c02"], "b": ["c03", "c04"]}
@@ -441,5 +445,5 @@ def test_show_says_the_lanes_and_how_many_cells_overlapped(fake_lab):
     res = lab_cli("show", "-c", str(fake_lab.path), cwd=fake_lab.dir)
     assert res.returncode == 0, res.stderr
     line = next(x for x in (res.stdout + res.stderr).splitlines() if x.startswith("lanes: "))
-    assert line.startswith("lanes: 2 hosts at once: a: c01 c02 | b: c03 c04; ")
+    assert line.startswith("lanes: 2 at once: a: c01 c02 | b: c03 c04; ")
     assert line.endswith("pairs of cells up at the same time") and "; 0 pairs" not in line

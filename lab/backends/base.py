@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
-from pydantic import BaseModel, ConfigDict, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from lab import images
 from lab.errors import SettingError, UsageError
@@ -38,19 +38,13 @@ class HostSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=False)
 
     backend: str
-    # Measured VMs of the lab up at once on this host (its lane, lab.runner.lanes). Only 1 for now:
-    # one measured VM per host at a time, so the lab's VMs never disturb each other's figures.
-    slots: int = 1
+    # Measured VMs of the lab up at once on this host (lab.runner.lanes: one lane per slot). 1, the
+    # default: one at a time, so the lab's VMs never disturb each other's figures; more trades that
+    # for time, up to what the backend runs at once (Capabilities.max_slots; lab.config checks).
+    slots: int = Field(default=1, ge=1, le=64)
     # Where this host's load generators (iperf3, wrk, ssh/scp clients) run. Only "local" (this
     # machine) for now; network measurements of different lanes take turns on it.
     client: str = "local"
-
-    @field_validator("slots")
-    @classmethod
-    def _slots(cls, v: int) -> int:
-        if v != 1:
-            raise ValueError("only 1 is supported (one measured VM per host at a time)")
-        return v
 
     @field_validator("client")
     @classmethod
@@ -87,6 +81,8 @@ class Capabilities:
     # the host is the machine the lab runs on: a run waits for it to be quiet before each
     # repetition unless told otherwise ([suite] quiet_host)
     local_host: bool = False
+    # measured VMs of one run the backend can have up at once on the host ([hosts.NAME] slots)
+    max_slots: int = 1
     # feature -> why it is missing, for the plan's one-line refusal
     missing: dict[str, str] = field(default_factory=dict)
 

@@ -115,7 +115,7 @@ def plan_cmd(config_path, check_hosts, as_json):
         f"({est.describe()})",
         soft_wrap=True,
     )
-    if len(est.lanes) > 1:
+    if len(est.lanes) > 1 or any(cfg.hosts[h].slots > 1 for h in est.lanes):
         say_lanes(cfg, units, dups, est)
     ok, text, setting = reach
     if ok and text:
@@ -156,9 +156,17 @@ def say_lanes(cfg: LabConfig, units: list[plan.Unit], dups: dict[str, str], est:
         if est.seconds <= max(est.lanes.values())
         else f"the network measurements' turns on the client ({duration(est.client_s)}), longer than any lane"
     )
-    say(f"lanes: {len(est.lanes)} hosts at once, each one cell at a time; the estimate is {bound}")
+    hosts = f"{len(est.lanes)} hosts at once" if len(est.lanes) > 1 else "1 host"
+    at_once = "each one cell at a time" if all(cfg.hosts[h].slots == 1 for h in est.lanes) else "as many cells as slots"
+    say(f"lanes: {hosts}, {at_once}; the estimate is {bound}")
     for host, seconds in est.lanes.items():
-        say(f"  lane {host}: {count.get(host, 0)} cells, {duration(seconds)}")
+        slots = min(cfg.hosts[host].slots, count.get(host, 0))
+        at = (
+            f", {slots} at a time (slots: its measured VMs share the host; the manifest records overlaps)"
+            if slots > 1
+            else ""
+        )
+        say(f"  lane {host}: {count.get(host, 0)} cells{at}, {duration(seconds)}", soft_wrap=True)
     network = [w for w in cfg.suite.workloads if getattr(load_all()[w], "network", False)]
     if network:
         clients = sorted({cfg.hosts[h].client for h in est.lanes})

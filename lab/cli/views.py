@@ -85,10 +85,10 @@ def print_show(store: Store, run: RunRow, everything: bool = False) -> None:
             soft_wrap=True,
         )
     lanes = run.manifest.get("lanes") or {}
-    if len(lanes) > 1:  # several hosts ran at once (lab.runner.lanes)
+    if len(lanes) > 1:  # several hosts, or slots of one, ran at once (lab.runner.lanes)
         pairs = run.manifest.get("overlaps") or []
         say(
-            f"lanes: {len(lanes)} hosts at once: "
+            f"lanes: {len(lanes)} at once: "
             + " | ".join(f"{h}: {' '.join(ids)}" for h, ids in lanes.items())
             + f"; {len(pairs)}{'+' if run.manifest.get('overlaps_cut_at') else ''} pairs of cells up at the same time",
             soft_wrap=True,

@@ -2,9 +2,11 @@
 
 A lane is a host (`lane_of`): its cells run one after the other, as a run on that host alone
 would, so a host never has two measured VMs of the lab up at once and they cannot disturb each
-other's figures (`[hosts.NAME] slots`, 1). A Proxmox cluster with several `nodes` is one lane: a
-cell does not know its node before the clone (the backend places it, `placement`), so lanes per
-node would need the placement decided at plan time.
+other's figures (`[hosts.NAME] slots`, 1). A host with more slots has as many lanes ("pve1/2" is
+the second), its cells dealt to them in the run's order; its set-up for the run is made once, by
+whichever of its lanes comes first, and losing it ends all of them. A Proxmox cluster with several
+`nodes` is one host: a cell does not know its node before the clone (the backend places it,
+`placement`), so lanes per node would need the placement decided at plan time.
 
 Order within a lane is the run's: the ordered cells are split by lane, order kept; an interleaved
 run has its rounds per lane, and since plan.round_order draws each cell's place from the seed, the
@@ -38,14 +40,26 @@ JOIN_POLL_S = 0.2  # the main thread wakes this often while it waits, so a signa
 
 
 def lane_of(unit: Any) -> str:
+    """The host of a cell: what a lost host ends (every lane of it)."""
     return str(unit.host)
 
 
-def split(ordered: list[Any]) -> dict[str, list[Any]]:
-    """The run's ordered cells by lane, each lane's in the run's order; lanes in order of first cell."""
-    lanes: dict[str, list[Any]] = {}
+def host_of(lane: str) -> str:
+    return lane.split("/", 1)[0]
+
+
+def split(ordered: list[Any], slots: dict[str, int] | None = None) -> dict[str, list[Any]]:
+    """The run's ordered cells by lane, each lane's in the run's order; lanes in order of first cell.
+    A host with `slots[host]` > 1 has that many lanes (the first named as the host, then "host/2",
+    ...), its cells dealt round-robin in order."""
+    by_host: dict[str, list[Any]] = {}
     for unit in ordered:
-        lanes.setdefault(lane_of(unit), []).append(unit)
+        by_host.setdefault(lane_of(unit), []).append(unit)
+    lanes: dict[str, list[Any]] = {}
+    for host, units in by_host.items():
+        n = max(1, min((slots or {}).get(host, 1), len(units)))
+        for k in range(n):
+            lanes[host if k == 0 else f"{host}/{k + 1}"] = units[k::n]
     return lanes
 
 
@@ -100,9 +114,10 @@ def run_lanes(
         Lane(name, units, dataclasses.replace(ctx, tallies={}, rounds=[], signatures={}, busy_streaks={}, spans=[]))
         for name, units in lanes.items()
     ]
+    open_once = OpenOnce(open_host, {host_of(name) for name in lanes})
     for lane in running:
         lane.thread = threading.Thread(
-            target=_lane_main, args=(lane, open_host, run_units), name=f"lane-{lane.name}", daemon=True
+            target=_lane_main, args=(lane, open_once, run_units), name=f"lane-{lane.name}", daemon=True
         )
         lane.thread.start()
     interrupted: Interrupted | None = None
@@ -123,18 +138,40 @@ def run_lanes(
             raise lane.failure
 
 
-def _lane_main(
-    lane: Lane, open_host: Callable[[RunContext, str], None], run_units: Callable[[RunContext, list[Any]], None]
-) -> None:
+class OpenOnce:
+    """A host's set-up for the run, made once for all its lanes: the first lane makes it, the
+    others wait for it and share it, or its error."""
+
+    def __init__(self, open_host: Callable[[RunContext, str], None], hosts: set[str]):
+        self.open_host = open_host
+        self.locks = {host: threading.Lock() for host in hosts}
+        self.done: dict[str, LabError | None] = {}
+
+    def __call__(self, ctx: RunContext, host: str) -> None:
+        with self.locks[host]:
+            if host not in self.done:
+                try:
+                    self.open_host(ctx, host)
+                except LabError as exc:
+                    self.done[host] = exc
+                    raise
+                self.done[host] = None
+            else:
+                failed = self.done[host]
+                if failed is not None:
+                    raise failed
+
+
+def _lane_main(lane: Lane, open_host: OpenOnce, run_units: Callable[[RunContext, list[Any]], None]) -> None:
     ctx = lane.ctx
     try:
-        open_host(ctx, lane.name)
+        open_host(ctx, host_of(lane.name))
         run_units(ctx, lane.units)
     except Interrupted as exc:  # the run's cancel, or raised in the lane itself: every lane stops
         lane.failure = exc
         ctx.cancel.set()
     except LabError as exc:
-        end_lane(lane, f"host {lane.name} lost: {exc}")
+        end_lane(lane, f"host {host_of(lane.name)} lost: {exc}")
     except BaseException as exc:  # a bug in one lane: the others end, the main thread raises it
         lane.failure = exc
         ctx.cancel.set()

@@ -173,7 +173,7 @@ def _run_locked(
     ctx = RunContext(cfg, store, run_id, reporter, backends, duplicates=dups, seed=seed)
     interleaved = cfg.suite.order == "interleaved"
     n_rounds = len(plan.rounds(cfg.suite.repetitions, cfg.suite.repetitions_per_boot)) if interleaved else 1
-    by_lane = lanes.split(ordered)
+    by_lane = lanes.split(ordered, {h: cfg.hosts[h].slots for h in backends})
     manifest["lanes"] = {lane: [c.id for c in units] for lane, units in by_lane.items()}
     reporter.run_started(run_id, ordered * n_rounds, estimate_seconds(cfg, ordered, dups, store))
     status, error = "failed", None
@@ -198,7 +198,7 @@ def _run_locked(
     try:
         if len(by_lane) > 1:
             lanes.run_lanes(ctx, by_lane, open_host, run_lane)
-        else:  # one host: inline, as a run always was
+        else:  # one host, one slot: inline, as a run always was
             for host in backends:
                 open_host(ctx, host)
             if interleaved:

@@ -55,5 +55,6 @@ def capabilities(settings: Settings) -> Capabilities:
         bare_metal=settings.bare_metal,
         lab_side_link=False,
         local_host=settings.local_host,
+        max_slots=8,
         snapshots=bool(settings.warm),
     )

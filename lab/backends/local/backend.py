@@ -20,6 +20,7 @@ import os
 import platform
 import shutil
 import subprocess
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import replace
@@ -46,6 +47,7 @@ class LocalBackend(Backend):
         super().__init__(host_name, settings, env)
         self._accel: Accel | None = None
         self._next_host: dict[str, int] = {}  # run id -> next address/tap number
+        self._allocating = threading.Lock()
         self._run_locks: dict[str, RunLock] = {}  # run id -> its lock, held while the run is open
         self._warm_failed: dict[str, str] = {}  # snapshot name -> why it is not used again by this process
 
@@ -170,8 +172,9 @@ class LocalBackend(Backend):
     # -- per VM ---------------------------------------------------------------------------------
     def _allocate(self, run_id: str) -> tuple[str, str, str]:
         """The next tap, address and MAC of a run's network."""
-        n = self._next_host.get(run_id, 0)
-        self._next_host[run_id] = n + 1
+        with self._allocating:  # slots > 1: two lanes of this host clone at once
+            n = self._next_host.get(run_id, 0)
+            self._next_host[run_id] = n + 1
         return (
             f"tap{n % 1000:03d}",
             f"{self.settings.subnet}.{10 + n % 240}",

@@ -12,6 +12,10 @@ from pydantic import Field, field_validator
 from lab.backends.base import Capabilities, HostSettings
 from lab.model import CloneKind, DiskBus, NicModel
 
+# Machines of one run up at once ([hosts.local] slots): each is a QEMU with its own tap, address and
+# MAC in the run's namespace; a handful is all a workstation's cores make sense for.
+MAX_SLOTS = 8
+
 
 class Settings(HostSettings):
     backend: Literal["local"]
@@ -53,6 +57,7 @@ class Settings(HostSettings):
 def capabilities(settings: Settings) -> Capabilities:
     return Capabilities(
         description="local QEMU",
+        max_slots=MAX_SLOTS,
         nic_models=frozenset(NicModel),
         disk_buses=frozenset(DiskBus),
         clone_kinds=frozenset(CloneKind),

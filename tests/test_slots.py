@@ -1,0 +1,94 @@
+"""A host with several slots ([hosts.NAME] slots): as many lanes, its cells dealt to them, its
+set-up made once, all of them ended when it is lost; the estimate and the plan say so."""
+
+from __future__ import annotations
+
+import fakes.backend as fake
+import pytest
+from test_lanes import by_status, host_of, timed_run, write_lab
+
+from lab import estimate, plan, runner
+from lab.errors import ConfigError
+from lab.runner import lanes
+from lab.store import Store
+
+
+def test_split_deals_a_hosts_cells_to_its_slots_in_order(fake_lab):
+    cfg = write_lab(fake_lab, {"a": "slots = 2", "b": ""}, vcpus=3)
+    ordered = plan.order(plan.units(cfg), "random", seed=3)
+    split = lanes.split(ordered, {"a": 2, "b": 1})
+    a = [u for u in ordered if u.host == "a"]
+    assert split["a"] == a[0::2] and split["a/2"] == a[1::2]
+    assert split["b"] == [u for u in ordered if u.host == "b"]
+    assert {lanes.host_of(name) for name in split} == {"a", "b"}
+    # never more lanes than cells
+    assert list(lanes.split(a[:1], {"a": 4})) == ["a"]
+
+
+def test_two_slots_run_two_cells_of_one_host_at_once(fake_lab):
+    store, rid, wall = timed_run(write_lab(fake_lab, {"a": "slots = 2"}, vcpus=4, sleep_s=0.3))
+    assert by_status(store, rid) == {"done": ["c01", "c02", "c03", "c04"]}
+    man = store.run(rid).manifest
+    assert man["lanes"] == {"a": ["c01", "c03"], "a/2": ["c02", "c04"]}
+    assert man["overlaps"]  # the manifest says which of the host's cells shared it
+    assert wall < 4 * 0.3 * 0.9  # one slot would sleep 1.2 s alone
+    opened = [e for e in fake.JOURNAL if e[0] == "open_run"]
+    assert len(opened) == 1  # the host's set-up for the run, once for both lanes
+    assert fake.LIVE == {} and store.open_leases() == [] and store.run(rid).status == "done"
+
+
+@pytest.mark.parametrize("lost", ["open_run", "c02"])
+def test_a_lost_host_ends_every_lane_of_it(fake_lab, lost):
+    cfg = write_lab(fake_lab, {"a": f'slots = 2\nlost = "{lost}"', "b": ""}, vcpus=4, sleep_s=0.2)
+    store = Store(cfg.results_dir)
+    rid = runner.run_lab(cfg, store)
+    cells = {c.cell_id: c for c in store.cells(rid)}
+    hosts = host_of(store, rid)
+    assert all(c.status == "done" for c in cells.values() if hosts[c.cell_id] == "b")
+    a = {cid: c for cid, c in cells.items() if hosts[cid] == "a"}
+    if lost == "open_run":
+        assert all(c.status == "failed" and c.error.startswith("host a lost: ") for c in a.values())
+    else:
+        assert a["c02"].status == "failed" and "no answer" in a["c02"].error
+        # neither lane of host a starts a cell once c02 has lost it
+        cloned = [name for ev, name in fake.JOURNAL if ev == "clone"]
+        for cid in ("c03", "c04"):
+            assert a[cid].status == "failed" and a[cid].error.startswith("host a lost: "), a[cid]
+            assert f"lab-{rid}-{cid}" not in cloned
+    assert fake.LIVE == {}
+
+
+def test_the_estimate_divides_a_hosts_cells_among_its_slots(fake_lab):
+    params = {"fake-work": {"values": [1.0], "sleep_s": 0.0, "seconds": 1.0, "warmup_value": 1.0, "time": 30}}
+    one = write_lab(fake_lab, {"a": ""}, vcpus=4)
+    single = estimate.estimate(one, plan.units(one), params)
+    two = write_lab(fake_lab, {"a": "slots = 2"}, vcpus=4)
+    double = estimate.estimate(two, plan.units(two), params)
+    overhead = estimate.RUN_OVERHEAD_DEFAULT_S
+    assert double.seconds == pytest.approx((single.seconds - overhead) / 2 + overhead)
+    # on this machine the measurements take turns on it: only the rest overlaps
+    here = write_lab(fake_lab, {"a": "slots = 2\nlocal_host = true"}, vcpus=4)
+    local = estimate.estimate(here, plan.units(here), params)
+    assert double.seconds < local.seconds
+
+
+def test_plan_says_how_many_cells_a_host_runs_at_once(fake_lab):
+    from conftest import lab_cli
+
+    write_lab(fake_lab, {"a": "slots = 3"}, vcpus=4)
+    res = lab_cli("plan", "-c", str(fake_lab.path), cwd=fake_lab.dir)
+    assert res.returncode == 0, res.stderr
+    text = " ".join((res.stdout + res.stderr).split())
+    assert "lanes: 1 host, as many cells as slots" in text
+    assert "lane a: 4 cells, 3 at a time (slots: its measured VMs share the host" in text
+
+
+def test_more_slots_than_the_backend_runs_is_refused(fake_lab):
+    from conftest import lab_cli
+
+    with pytest.raises(ConfigError):
+        write_lab(fake_lab, {"a": "slots = 9"}, vcpus=1)
+    res = lab_cli("plan", "-c", str(fake_lab.path), cwd=fake_lab.dir)
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    (line,) = res.stderr.strip().splitlines()
+    assert "hosts.a.slots" in line and "9" in line and "at most 8" in line
