@@ -204,7 +204,8 @@ def host_disappears(sc: Scenario, row: Row) -> None:
         row.clear, row.message = one_line_exit(row.exit_status, sc.stderr(), sc.results)
         rid = run_id_of(sc.results) or "-"
         states = {c: cell_state(sc.results, c) for c in ("c01", "c02")}
-        local_cell, pve_cell = sorted(states, key=lambda c: cell_host(sc.results, rid, c) == "pve")
+        pve_cell = next(c for c in states if cell_host(sc.results, rid, c) == "pve")
+        local_cell = next(c for c in states if c != pve_cell)
         if states[local_cell][0] != "done" or states[local_cell][2] < sc.cfg.reps:
             row.clear = False
             row.notes.append(f"the local lane did not run to the end: {local_cell} {states[local_cell]}")

@@ -15,9 +15,9 @@ The client: a network workload (`network = True` on the workload: its load gener
 runs on the client side) holds its host's client placement's lock (RunContext.client_locks) for its
 prepare and each of its runs, so two lanes never measure through one client at once; its samples
 carry the placement (labels["client"], "local": this machine) and how busy the client was during
-each repetition (labels["client_load"], lab.clientload: flagged when it was saturated). Every workload of a cell on this
-machine (Capabilities.local_host) holds the "local" lock too: another lane's load generator would
-be foreign load under its figures.
+each measured repetition (labels["client_load"], lab.clientload: flagged when it was saturated).
+Every workload of a cell on this machine (Capabilities.local_host) holds the "local" lock too:
+another lane's load generator would be foreign load under its figures.
 """
 
 from __future__ import annotations
@@ -100,7 +100,8 @@ def run_workloads(
 
         def execute(rep: int, detail: str) -> None:
             life.enter("workloads", f"{name} {detail}{where}")
-            host: HostWatch | None = watch if rep >= 0 else None  # warm-ups are discarded: no need to wait
+            # warm-ups are discarded: no need to wait for a quiet host, nor to watch it or the client
+            host: HostWatch | None = watch if rep >= 0 else None
             if host is not None:
                 started = lifecycle.clock()
                 host.before(f"{name} {detail}{where}")
@@ -109,11 +110,10 @@ def run_workloads(
             eid = store.start_execution(rid, cell.id, round_no, name, rep)
             try:
                 with turn():
-                    window = client_watch.open() if client_watch is not None and rep >= 0 else None
-                    raw, load = run_watched(wl, wctx, rep, host, f"{name} {detail}")
-                    if client_watch is not None and window is not None:
-                        load = {**load, **client_watch.after(window, f"{name} {detail}")}
-                if load and getattr(wl, "records_host_load", False):  # the host's figures are the workload's own (idle)
+                    watched = client_watch if rep >= 0 else None
+                    raw, load = run_watched(wl, wctx, rep, host, watched, f"{name} {detail}")
+                # the host's figures are the workload's own (idle): kept with its raw output too
+                if hostload.HOST_LOAD in load and getattr(wl, "records_host_load", False):
                     raw = dataclasses.replace(
                         raw, extra={**raw.extra, hostload.HOST_LOAD: json.dumps(load[hostload.HOST_LOAD])}
                     )
@@ -170,18 +170,22 @@ def client_turn(ctx: RunContext, life: CellLife, placement: str, what: str):
 
 
 def run_watched(
-    wl: Any, wctx: WorkloadContext, rep: int, host: HostWatch | None, what: str
+    wl: Any, wctx: WorkloadContext, rep: int, host: HostWatch | None, client: ClientWatch | None, what: str
 ) -> tuple[Any, dict[str, Any]]:
-    """One run of a workload, inside a load window of its host when watched: (raw output, labels)."""
-    if host is None:
-        return wl.run(wctx, rep), {}
-    window = host.open()
+    """One run of a workload, inside a load window of its host and of its client, each when
+    watched: (raw output, the windows' labels)."""
+    host_window = host.open() if host is not None else None
+    client_window = client.open() if client is not None else None
     try:
         raw = wl.run(wctx, rep)
     except BaseException:
-        window.stop()  # a polling window's thread ends with it
+        if host_window is not None:
+            host_window.stop()  # a polling window's thread ends with it
         raise
-    return raw, host.after(window, what)
+    labels = host.after(host_window, what) if host is not None else {}
+    if client is not None and client_window is not None:
+        labels.update(client.after(client_window, what))
+    return raw, labels
 
 
 class ClientWatch:
