@@ -136,6 +136,11 @@ def test_lab_run_against_the_emulator_end_to_end(golden, pve_certs, pve_env, nod
             metrics = {(s["workload"], s["metric"]) for s in doc["samples"]}
             assert any(w == "sysbench-cpu" and m.startswith("events_per_s") for w, m in metrics), metrics
             assert any(w == "iperf3-tcp" and "throughput" in m for w, m in metrics)
+            # the load generator ran on this machine, not on the PVE host: its load is judged
+            window = next(s["labels"]["client_load"] for s in doc["samples"] if s["workload"] == "iperf3-tcp")
+            print(f"client under iperf3: {window}")
+            assert window["placement"] == "local" and window["busy_pct"] >= 0 and "shares_host" not in window
+            assert all("client_load" not in s["labels"] for s in doc["samples"] if s["workload"] == "sysbench-cpu")
             # the guest was configured from ipconfig0 and answered the agent from the real guest
             clones = [p for m, path, p in emu.requests if m == "PUT" and path.endswith("/config")]
             assert clones and clones[0]["ipconfig0"] == f"ip={SUBNET}.10/24,gw={SUBNET}.1"
