@@ -338,6 +338,17 @@ def check_workloads(cfg: LabConfig, known: dict[str, Workload]) -> None:
             raise ConfigError(src, f"suite.workloads[{i}]", wl, f"unknown workload; known: {', '.join(sorted(known))}")
     if len(set(cfg.suite.workloads)) != len(cfg.suite.workloads):
         raise ConfigError(src, "suite.workloads", cfg.suite.workloads, "lists a workload twice")
+    for host in cfg.matrix.host:  # a client VM has none of this machine's files
+        if cfg.hosts[host].client != "local":
+            for wl in cfg.suite.workloads:
+                if getattr(known[wl], "client_files", False):
+                    raise ConfigError(
+                        src,
+                        f"hosts.{host}.client",
+                        cfg.hosts[host].client,
+                        f"workload {wl} serves or sends files of this machine from the client side: "
+                        f'it runs only with client = "local"; leave it out of suite.workloads, or use "local"',
+                    )
     for wl, params in cfg.suite.params.items():
         if wl not in known:
             raise ConfigError(src, f"suite.params.{wl}", params, f"unknown workload; known: {', '.join(sorted(known))}")

@@ -2,15 +2,16 @@
 
 A network figure measures the guest only while the load generator keeps up: an iperf3 or wrk with
 no CPU left measures its own machine. So every measured repetition of a network workload
-(`network = True`) runs inside a window of its client (`[hosts.NAME] client`; "local", this
-machine, is the only placement so far), and its samples carry labels[CLIENT_LOAD]: the placement,
-how busy the client machine was (% of one core, all its processes) and its CPUs.
+(`network = True`) runs inside a window of its client (`[hosts.NAME] client`: "local", this
+machine, or "vm", a VM of the run on the cell's host), and its samples carry labels[CLIENT_LOAD]:
+the placement, how busy the client machine was (% of one core, all its processes) and its CPUs.
 
 When the client is not the cell's host (a Proxmox, libvirt, SmartOS or Vagrant host measured
-through this machine), a window in which the client was busy at or above `[suite]
-client_saturated_pct` % of all its CPUs flags the samples (lab.flags): shown, never averaged in.
-Where the client is the host itself (the local backend) the figures are recorded, not judged here:
-the cell's VM runs on the same CPUs, and lab.hostload already tells foreign load from the lab's.
+through this machine) or is a client VM (its own vCPUs are read), a window in which the client was
+busy at or above `[suite] client_saturated_pct` % of all its CPUs flags the samples (lab.flags):
+shown, never averaged in. Where the client is the host itself (the local backend, client "local")
+the figures are recorded, not judged here: the cell's VM runs on the same CPUs, and lab.hostload
+already tells foreign load from the lab's.
 """
 
 from __future__ import annotations
@@ -20,24 +21,29 @@ from pathlib import Path
 from typing import Any
 
 from lab.hostload import TICK, CounterWindow, HostLoad, LoadWindow, parse_proc_stat
+from lab.model import Client
 
 CLIENT_LOAD = "client_load"  # the label of every measured sample of a network workload
 PROC = Path("/proc")
 
 
-def this_machine(proc_dir: Path = PROC) -> dict[str, Any]:
-    """One reading of this machine's CPU counters, in lab.hostload.CpuTimes' shape: everything busy
-    counts (`lab_s` 0): a client saturated by the lab's own processes is saturated all the same."""
+def reading(proc_stat: str) -> dict[str, Any]:
+    """One reading of a client's CPU counters from its /proc/stat, in lab.hostload.CpuTimes' shape:
+    everything busy counts (`lab_s` 0): a client saturated by the lab's own processes is saturated
+    all the same."""
     at = time.monotonic()
-    cpu = parse_proc_stat((proc_dir / "stat").read_text(), TICK)
+    cpu = parse_proc_stat(proc_stat, TICK)
     return {"at": at, "busy_s": cpu.busy_s, "lab_s": 0.0, "steal_s": cpu.steal_s, "cpus": cpu.cpus}
 
 
-def open_window(placement: str) -> LoadWindow:
-    """A window on the client of `placement` (only "local" exists: config refuses the others)."""
-    if placement != "local":
-        raise ValueError(f"no client window for placement {placement!r}")
-    return CounterWindow(this_machine)
+def this_machine(proc_dir: Path = PROC) -> dict[str, Any]:
+    """One reading of this machine's CPU counters."""
+    return reading((proc_dir / "stat").read_text())
+
+
+def open_window(client: Client) -> LoadWindow:
+    """A window on the machine of `client` (this one, or the run's client VM: lab.runner.clientvm)."""
+    return CounterWindow(lambda: reading(client.proc_stat()))
 
 
 def label(placement: str, load: HostLoad, saturated_pct: float, *, judged: bool) -> dict[str, Any]:

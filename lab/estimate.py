@@ -19,9 +19,11 @@ times, the median over the last RECENT_RUNS finished runs on that host alone.
 
 Several hosts run at once, one lane each (lab.runner.lanes): each host's cells and overhead are its
 lane's time (Estimate.lanes), and the run takes the longest lane, unless the network workloads of
-every lane, which take turns on the client, add up to more (Estimate.client_s). A host with several
-slots divides its cells' time among them, but not the measurements on this machine, which take
-turns on it.
+every lane whose client is this machine, which take turns on it, add up to more (Estimate.client_s).
+A host with a client VM (client = "vm") adds that VM's clone, boot, SSH and teardown, as its cells'
+stages measured them, to its lane, and its network workloads take turns on that VM alone. A host with several
+lanes (slots, or places such as a cluster's nodes) divides its cells' time among them, but not the
+measurements on this machine, which take turns on it.
 
 The defaults (a first run): a VM's fixed stages take STAGE_DEFAULTS_S (21 s in all: a TCG boot
 of the golden Debian image to SSH, plus clone, verify, tune and teardown), a workload's prepare
@@ -53,6 +55,7 @@ STAGE_DEFAULTS_S = {"clone": 1.0, "boot": 14.0, "ssh": 2.0, "verify": 1.0, "tune
 BARE_METAL_DEFAULTS_S = {"clone": 1.0, "verify": 1.0, "teardown": 1.0}
 PREPARE_DEFAULT_S = 1.0
 RUN_OVERHEAD_DEFAULT_S = 5.0
+CLIENT_VM_STAGES = ("clone", "boot", "ssh", "teardown")  # a client VM's (lab.runner.clientvm), as a cell's
 REP_OVERHEAD_S = 3.0  # SSH, parsing and storing around a workload's own length
 
 
@@ -221,6 +224,7 @@ def estimate(
     lanes: dict[str, float] = {}  # the hosts run at once, one lane each (lab.runner.lanes)
     serial: dict[str, float] = {}  # what of a host's time its slots cannot overlap
     client_s = 0.0  # network workloads of every lane: they take turns on the client (lab.runner.measure)
+    client_vm: dict[str, float] = {}  # host -> its client VM's making and teardown (client = "vm")
     for u in units:
         if u.id in dups:
             continue  # recorded as a duplicate, never booted
@@ -252,22 +256,25 @@ def estimate(
             prepare = pick(got.prepare, name, PREPARE_DEFAULT_S, f"{name} prepare")
             per_boot += prepare + suite.warmup * warm
             measured_total += suite.repetitions * (quiet + rep)
-            if getattr(load_all()[name], "network", False):
+            if getattr(load_all()[name], "network", False) and cfg.hosts[u.host].client == "local":
                 client_s += boots * (prepare + suite.warmup * warm) + suite.repetitions * rep
         lanes[u.host] = lanes.get(u.host, 0.0) + boots * per_boot + measured_total
+        if image is not None and cfg.hosts[u.host].client == "vm" and u.host not in client_vm:
+            client_vm[u.host] = sum(pick(got.stages, s, STAGE_DEFAULTS_S[s], s) for s in CLIENT_VM_STAGES)
         if local:  # every measurement on this machine holds its client: its slots measure in turn
             serial[u.host] = serial.get(u.host, 0.0) + measured_total
     hosts = sorted({u.host for u in units if u.id not in dups})
-    for host in hosts:  # a host with several slots runs as many lanes (lab.runner.lanes.split)
+    for host in hosts:  # a host with several slots or places runs as many lanes (lab.runner.lanes.split)
         cells = sum(1 for u in units if u.host == host and u.id not in dups)
-        lanes[host] = max(lanes.get(host, 0.0) / max(1, min(cfg.hosts[host].slots, cells)), serial.get(host, 0.0))
+        at_once = backends.lanes_at_once(host, cfg.hosts[host], cells)
+        lanes[host] = max(lanes.get(host, 0.0) / at_once, serial.get(host, 0.0))
     for host in hosts:
         spent, spent_runs = run_overhead(store, host) if store is not None else (None, [])
         if spent is None:
             defaulted.append(f"{host} run overhead")
             spent = RUN_OVERHEAD_DEFAULT_S
         runs.setdefault(host, set()).update(spent_runs)
-        lanes[host] = lanes.get(host, 0.0) + spent
+        lanes[host] = lanes.get(host, 0.0) + spent + client_vm.get(host, 0.0)
     # the lanes run at once, but their network measurements one after the other: the longer of the two
     seconds = max([*lanes.values(), client_s if len(lanes) > 1 else 0.0], default=0.0)
     return Estimate(seconds, {h: sorted(r) for h, r in runs.items() if r}, defaulted, hosts, lanes, client_s)

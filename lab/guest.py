@@ -114,6 +114,18 @@ class Guest:
             detail=lambda: self._last_error or "no answer",
         )
 
+    def argv(self, command: str, *, tty: bool = False) -> list[str]:
+        """The argv of this machine that runs `command` on the guest (for a process the caller
+        spawns itself). `tty`: with a terminal, so that the command gets SIGHUP, and stops, when
+        the local ssh does."""
+        return proc.netns_prefix(self.netns) + [
+            "ssh",
+            *self._ssh_options(),
+            *(["-tt"] if tty else []),
+            self.target,
+            command,
+        ]
+
     def run(self, command: str, *, timeout: float = 120.0, check: bool = True, input: str | None = None) -> proc.Result:
         """Run a shell command line on the guest."""
         res = proc.run(

@@ -81,6 +81,7 @@ class VmSpec:
     ip: str = ""  # static address the guest gets ("" = backend decides / DHCP)
     mac: str = ""
     expires_at: float = 0.0  # unix time after which `lab gc` may remove it
+    place: str = ""  # one of the host's Capabilities.places (its lane's) the VM must go to; "" = any
     labels: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
 
 
@@ -141,11 +142,20 @@ class Sample:
 @runtime_checkable
 class Client(Protocol):
     """Where load generators (iperf3 server, wrk, ssh) run for a host, and the address by which
-    guests reach it. Backends make them (open_run); workloads use them."""
+    guests reach it. Backends make them (open_run) for this machine; a run makes one in a VM of
+    its own for a host with `client = "vm"` (lab.runner.clientvm); workloads use them."""
 
     address: str  # as seen from the guests (iperf3 -c <address>)
     netns: str | None  # a network namespace of this machine the client side runs in, if any
 
     def argv(self, argv: list[str]) -> list[str]:
         """Wrap argv so it runs on the client side (e.g. inside the lab's network namespace)."""
+        ...
+
+    def server_argv(self, argv: list[str]) -> list[str]:
+        """Wrap a server's argv (iperf3 -s): like argv, and it stops when its local process does."""
+        ...
+
+    def proc_stat(self) -> str:
+        """The client machine's /proc/stat now (its CPU counters, for lab.clientload)."""
         ...

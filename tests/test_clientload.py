@@ -63,11 +63,11 @@ def test_network_samples_carry_their_clients_load(fake_lab, monkeypatch, local_h
     """A client busy on both of its CPUs the whole time: the samples of a remote host are flagged
     and kept out of the medians; on a host that is this machine they only carry the figures."""
 
-    def busy_client(proc_dir: Path = clientload.PROC) -> dict:
+    def busy_client(proc_stat: str) -> dict:
         at = time.monotonic()
         return {"at": at, "busy_s": 2.0 * at, "lab_s": 0.0, "steal_s": None, "cpus": 2}
 
-    monkeypatch.setattr(clientload, "this_machine", busy_client)
+    monkeypatch.setattr(clientload, "reading", busy_client)
     store, rid = run_with(
         fake_lab,
         [NetworkWork()],

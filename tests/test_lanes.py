@@ -129,8 +129,17 @@ def test_plain_progress_names_the_lane_of_each_line(fake_lab, capsys):
     rep.stage(units[0], "boot")
     rep.stage(units[-1], "boot")
     lines = capsys.readouterr().err.splitlines()
-    assert lines[0].endswith("run r1: 4 cells, estimated 1m00s, 2 hosts at once") or "2 hosts at once" in lines[0]
+    assert lines[0].endswith("run r1: 4 cells, estimated 1m00s, 2 lanes at once")
     assert lines[1].endswith("a:   c01 boot") and lines[2].endswith("b:   c04 boot")
+    # a host with several lanes (slots, nodes): each line names its lane, and so does the ETA
+    rep = PlainReporter()
+    rep.run_started("r2", units, 60, {"c01": "a@n1", "c02": "a@n2", "c03": "b", "c04": "b"})
+    rep.stage(units[1], "boot")
+    rep.cell_finished(units[1], "done", None)
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0].endswith("run r2: 4 cells, estimated 1m00s, 3 lanes at once")
+    assert lines[1].endswith("a@n2:   c02 boot") and lines[2].endswith("a@n2:   c02 done")
+    assert rep.eta.lane_done == {"a@n1": 0, "a@n2": 1, "b": 0}
 
 
 def test_the_store_takes_writes_from_many_threads(tmp_path):
@@ -339,7 +348,7 @@ def test_plan_shows_one_line_per_lane_and_the_turns_on_the_client(fake_lab):
         "lane a: 3 cells",
         "lane b: 3 cells",
     ]
-    assert "network measurements (fake-probe) of different lanes take turns on the local client" in text
+    assert "network measurements (fake-probe) of lanes a, b take turns on the local client" in text
     assert "one at a time on each host" in text
     assert "host a is this machine: its measurements take turns with the other lanes' network" in text
     assert "host b is this machine" not in text

@@ -1,5 +1,6 @@
-"""Two lanes for real: the local backend and the PVE emulator (real QEMU guests of the golden image
-in a namespace of their own) run one idle cell each at the same time through `lab run`."""
+"""Lanes for real: the local backend and two nodes of the PVE emulator (real QEMU guests of the golden
+image in a namespace of their own, the cluster's load generators in a client VM on it) run their
+cells at the same time through `lab run`."""
 
 from __future__ import annotations
 
@@ -49,7 +50,7 @@ def two_cells_at_once(results: Path, lanes: dict[str, list[str]], what: str):
     return run
 
 
-def test_local_and_pve_lanes_run_at_once(
+def test_local_and_two_pve_nodes_run_at_once_with_a_client_vm(
     golden,
     pve_certs,
     pve_env,
@@ -58,6 +59,9 @@ def test_local_and_pve_lanes_run_at_once(
     tmp_path,
     monkeypatch,
 ):
+    """Three lanes: the local backend, and the PVE emulator's nodes pve1 and pve2 (placement =
+    "spread": a lane per node), whose network measurements run in a client VM the run clones on
+    the cluster (client = "vm"). Each lane an idle cell and iperf3; all up at once."""
     pve_dir = Path(tempfile.mkdtemp(prefix="pveq", dir="/var/tmp"))
     backing = QemuBacking(golden, netns=node_netns, workdir=pve_dir, key=IMAGES_DIR / "lab_key", subnet=SUBNET)
     emu = PveEmulator("8.4", pve_certs, auth_delay=0.05, backing=backing)
@@ -66,15 +70,16 @@ def test_local_and_pve_lanes_run_at_once(
     try:
         with emu:
             monkeypatch.setenv("LAB_TEST_PVE_TOKEN", env["LAB_TEST_PVE_TOKEN"])
-            settings = Settings(
-                backend="proxmox",
-                url=emu.url,
-                node="pve1",
-                token="env:LAB_TEST_PVE_TOKEN",
-                ca_file=str(pve_certs.ca_file),
-                storage="local-lvm",
-            )
-            ProxmoxBackend("pve", settings, pve_env).publish_image(golden)
+            for node in ("pve1", "pve2"):  # each node its own template (local storage)
+                settings = Settings(
+                    backend="proxmox",
+                    url=emu.url,
+                    node=node,
+                    token="env:LAB_TEST_PVE_TOKEN",
+                    ca_file=str(pve_certs.ca_file),
+                    storage="local-lvm",
+                )
+                ProxmoxBackend("pve", settings, pve_env).publish_image(golden)
             (tmp_path / "lab.toml").write_text(
                 textwrap.dedent(f"""
                 [lab]
@@ -83,35 +88,73 @@ def test_local_and_pve_lanes_run_at_once(
                 backend = "local"
                 workdir = "{workdir}"
                 boot_timeout = 300
-                {pve_host_table(emu.url, pve_certs.ca_file, node_netns)}
+                """)
+                + pve_host_table(emu.url, pve_certs.ca_file, node_netns)
+                + 'nodes = ["pve1", "pve2"]\nplacement = "spread"\nclient = "vm"\nclient_vcpus = 1\n'
+                + "client_memory_mib = 512\n"
+                + textwrap.dedent("""
                 [matrix]
                 host = ["local", "pve"]
-                nic = ["e1000"]
+                nic = ["e1000", "virtio"]
                 vcpus = [1]
-                memory_mib = [1024]
+                memory_mib = [768]
+                exclude = [{ host = "local", nic = "virtio" }]
                 [suite]
-                workloads = ["idle"]
+                workloads = ["idle", "iperf3-tcp"]
                 repetitions = 2
                 warmup = 0
                 quiet_host = "record"
                 [suite.params.idle]
                 duration = 3
+                [suite.params.iperf3-tcp]
+                time = 2
+                directions = ["rx"]
                 """)
             )
             plan = run_lab_cli("plan", "-c", str(tmp_path / "lab.toml"), cwd=tmp_path, env=env)
             assert plan.returncode == 0, plan.stderr
-            assert "lanes: 2 hosts at once" in plan.stdout and "lane pve: 1 cells" in plan.stdout
-            res = run_lab_cli("run", "-c", str(tmp_path / "lab.toml"), cwd=tmp_path, timeout=1200, env=env)
+            text = " ".join(plan.stdout.split())
+            assert (
+                "lanes: 2 hosts at once" in text
+                and "lane pve: 2 cells, 2 at a time, one on each node (pve1, pve2)" in text
+            )
+            assert "host pve: its load generators run in a client VM the run makes there (1 vCPUs, 512 MiB" in text
+            res = run_lab_cli("run", "-c", str(tmp_path / "lab.toml"), cwd=tmp_path, timeout=1500, env=env)
             assert res.returncode == 0, res.stderr[-3000:]
-            run = two_cells_at_once(tmp_path / "results", {"local": ["c01"], "pve": ["c02"]}, "lanes")
             store = Store(tmp_path / "results")
+            (run,) = store.runs()
+            man = run.manifest
+            assert run.status == "done" and {c.status for c in store.cells(run.id)} == {"done"}
+            assert man["lanes"] == {"local": ["c01"], "pve@pve1": ["c03"], "pve@pve2": ["c04"]}
+            assert {c.cell_id: c.facts["node"] for c in store.cells(run.id) if c.cell_id != "c01"} == {
+                "c03": "pve1",
+                "c04": "pve2",
+            }
+            assert man["overlaps"] == [["c01", "c03"], ["c01", "c04"], ["c03", "c04"]]  # all three up at once
+            spans = [s for boots in man["spans"].values() for s in boots]
+            together, apart = union_s(spans), sum(b - a for a, b in spans)
+            print(f"three lanes: {apart:.1f} s of cells in {together:.1f} s ({together / apart:.2f})")
+            assert together < 0.75 * apart
+            client_vm = man["client_vms"]["pve"]
+            assert client_vm["name"] == f"lab-{run.id}-client2" and client_vm["address"].startswith(SUBNET + ".")
+            iperf = [s for s in store.samples(run.id) if s.workload == "iperf3-tcp" and s.metric == "throughput_mbit_s"]
+            by_cell = {s.cell_id: s for s in iperf}
+            assert set(by_cell) == {"c01", "c03", "c04"}
+            assert by_cell["c01"].labels["client"] == "local"
+            for cid in ("c03", "c04"):  # through the client VM: its own vCPU, judged
+                labels = by_cell[cid].labels
+                assert labels["client"] == "vm"
+                assert labels["client_load"]["placement"] == "vm" and labels["client_load"]["cpus"] == 1
+            raws = [raw for _, cid, _, raw in store.raw_outputs(run.id) if raw.workload == "iperf3-tcp" and cid != "c01"]
+            assert raws and all(raw.params["client_address"] == client_vm["address"] for raw in raws)
             busy = {(s.cell_id, s.metric) for s in store.samples(run.id)}
-            assert {("c01", "cpu_busy_pct"), ("c02", "cpu_busy_pct")} <= busy
+            assert {("c01", "cpu_busy_pct"), ("c03", "cpu_busy_pct"), ("c04", "cpu_busy_pct")} <= busy
             assert ("c01", "host_vm_cpu_pct") in busy  # the local host's window of the idle repetition
             lines = res.stderr.splitlines()
             assert any("local:   c01 workloads" in line for line in lines)
-            assert any("pve:   c02 workloads" in line for line in lines)
-            assert emu.vm_ids() == [] and emu.guests() == []
+            assert any("pve@pve2:   c04 workloads" in line for line in lines)
+            assert store.open_leases() == []
+            assert emu.vm_ids() == [] and emu.guests() == []  # the client VM too
         assert leftovers(workdir, run.id) == []
         assert _qemus_under(pve_dir) == []
     finally:

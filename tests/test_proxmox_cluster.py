@@ -207,6 +207,30 @@ def test_spread_places_clones_on_both_nodes_through_shared_storage(pve, pve_env)
     no_leftovers(pve)
 
 
+def test_spread_makes_each_node_a_lane_and_a_pinned_vm_goes_to_its_node(pve, pve_env):
+    pve.add_storage("ceph", "rbd", {"images"}, shared=True)
+    pve.add_template(9001, "lab-debian12", storage="ceph", description=lab_template_description())
+    settings = backend_settings(pve, template=None, nodes=["pve1", "pve2"], placement="spread")
+    assert ProxmoxBackend.capabilities(settings).places == ("pve1", "pve2")  # a lane per node (lab.runner.lanes)
+    pack = backend_settings(pve, template=None, nodes=["pve1", "pve2"])
+    assert ProxmoxBackend.capabilities(pack).places == ()  # pack: one lane, its VMs share a node
+    b = ProxmoxBackend("pve1", settings, pve_env)
+    b.check_images([spec().image])
+    pinned = [b.clone(spec().image, dataclasses.replace(spec(name=f"lab-r1-c{i}"), place="pve2")) for i in range(2)]
+    assert [vm.handle["node"] for vm in pinned] == ["pve2", "pve2"]  # spread alone would take pve1 second
+    assert [pve.vm(vm.handle["vmid"]).node for vm in pinned] == ["pve2", "pve2"]
+    pve.offline_nodes.add("pve2")
+    with pytest.raises(BackendError) as exc:
+        b.clone(spec().image, dataclasses.replace(spec(name="lab-r1-c9"), place="pve2"))
+    assert str(exc.value) == "pve1: node pve2 (its lane's) is not online with 1024 MiB free for lab-r1-c9"
+    with pytest.raises(BackendError, match="asks for node pve7, not one of `nodes`"):
+        b.clone(spec().image, dataclasses.replace(spec(name="lab-r1-c8"), place="pve7"))
+    pve.offline_nodes.clear()
+    for vm in pinned:
+        b.destroy(vm)
+    no_leftovers(pve)
+
+
 def test_a_node_with_its_own_template_clones_locally_and_pack_skips_an_offline_node(pve, pve_env):
     pve.add_template(9002, "lab-debian12", node="pve2", description=lab_template_description())
     pve.add_template(9003, "lab-debian12", node="pve1", description=lab_template_description())

@@ -377,12 +377,13 @@ def test_a_vm_stuck_in_stopping_is_deleted_once_it_lets_go(published, smartos, i
     assert smartos.vms() == {} and time.monotonic() - t0 >= 2.0
 
 
-def test_a_vm_stuck_for_good_fails_teardown_in_one_line_and_gc_removes_it_later(smartos, image):
+@pytest.mark.parametrize("hang_s", [0.3, 6.0])  # refused after a while; or hung past the delete timeout
+def test_a_vm_stuck_for_good_fails_teardown_in_one_line_and_gc_removes_it_later(smartos, image, hang_s):
     b = backend(smartos, timeouts={"delete": 3})
     vm = b.clone(image, spec(image))
     b.start(vm)
     smartos.faults.stick("*")
-    smartos.faults.stuck_seconds = 0.3
+    smartos.faults.stuck_seconds = hang_s
     with pytest.raises(TeardownError) as err:
         b.destroy(vm)
     assert "\n" not in str(err.value) and "state stopping" in str(err.value)

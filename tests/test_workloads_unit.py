@@ -34,6 +34,9 @@ class FakeClient:
     def argv(self, argv: list[str]) -> list[str]:
         return [*self.prefix, *argv]
 
+    def server_argv(self, argv: list[str]) -> list[str]:
+        return self.argv(argv)
+
 
 @dataclass
 class ScriptedGuest:

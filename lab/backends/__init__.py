@@ -39,6 +39,8 @@ __all__ = [
     "backend_class",
     "capabilities",
     "default_env",
+    "host_lanes",
+    "lanes_at_once",
     "open_backends",
     "names",
     "register",
@@ -64,6 +66,22 @@ def capabilities(settings: HostSettings) -> Capabilities:
     """What a host with these settings can make (its package's `settings.capabilities`), from the
     settings alone: no host is contacted, nothing heavy is imported."""
     return importlib.import_module(f"{REGISTRY[settings.backend]}.settings").capabilities(settings)
+
+
+def host_lanes(host: str, settings: HostSettings) -> list[tuple[str, str]]:
+    """The lanes a host has in a run (lab.runner.lanes), as (name, place): `slots` of each of its
+    places (Capabilities.places: a Proxmox cluster's nodes), or of the host itself. Named "host",
+    "host/2", ...; with places "host@place", "host@place/2", ..."""
+    out: list[tuple[str, str]] = []
+    for place in capabilities(settings).places or ("",):
+        base = f"{host}@{place}" if place else host
+        out += [(base if k == 0 else f"{base}/{k + 1}", place) for k in range(settings.slots)]
+    return out
+
+
+def lanes_at_once(host: str, settings: HostSettings, cells: int) -> int:
+    """How many of a host's lanes a run of `cells` of its cells uses: each lane gets one at least."""
+    return max(1, min(len(host_lanes(host, settings)), cells))
 
 
 def backend_class(name: str) -> type[Backend]:

@@ -42,15 +42,20 @@ class HostSettings(BaseModel):
     # default: one at a time, so the lab's VMs never disturb each other's figures; more trades that
     # for time, up to what the backend runs at once (Capabilities.max_slots; lab.config checks).
     slots: int = Field(default=1, ge=1, le=64)
-    # Where this host's load generators (iperf3, wrk, ssh/scp clients) run. Only "local" (this
-    # machine) for now; network measurements of different lanes take turns on it.
+    # Where this host's load generators (iperf3, wrk, curl) run: "local", this machine (network
+    # measurements of different lanes take turns on it); or "vm", a VM the run clones on this host
+    # from the golden image of its first cell, on its cells' network, destroyed with the run
+    # (lab.runner.clientvm): the figures are the guest's NIC and the host's bridge, not the path
+    # from this machine to the host.
     client: str = "local"
+    client_vcpus: int = Field(default=2, ge=1, le=64)  # of the client VM (client = "vm")
+    client_memory_mib: int = Field(default=1024, ge=256, le=1024 * 1024)
 
     @field_validator("client")
     @classmethod
     def _client(cls, v: str) -> str:
-        if v != "local":
-            raise ValueError('only "local" is supported (the load generators run on this machine)')
+        if v not in ("local", "vm"):
+            raise ValueError('must be "local" (this machine) or "vm" (a client VM the run makes on the host)')
         return v
 
     def problems(self) -> list[tuple[str, object, str]]:
@@ -83,6 +88,9 @@ class Capabilities:
     local_host: bool = False
     # measured VMs of one run the backend can have up at once on the host ([hosts.NAME] slots)
     max_slots: int = 1
+    # parts of the host a VM can be pinned to, each a lane of its own with `slots` (a Proxmox
+    # cluster's nodes): a run deals its cells to them (VmSpec.place); () = the host is one place
+    places: tuple[str, ...] = ()
     # feature -> why it is missing, for the plan's one-line refusal
     missing: dict[str, str] = field(default_factory=dict)
 
@@ -148,6 +156,12 @@ class PlainClient:
         from lab import proc
 
         return proc.netns_prefix(self.netns) + list(argv)
+
+    def server_argv(self, argv: list[str]) -> list[str]:
+        return self.argv(argv)  # a process of this machine: stopping it stops the server
+
+    def proc_stat(self) -> str:
+        return Path("/proc/stat").read_text()  # the whole machine's, whichever namespace
 
 
 class Backend(abc.ABC):

@@ -3,7 +3,7 @@ a pipe or a CI log. Labels and errors are text (lab.cli.printing).
 
 A run of several hosts runs one lane per host at once (lab.runner.lanes): the reporters are called
 from every lane's thread, so each holds a lock around what it changes and prints; plain lines then
-start with the lane's host, and the ETA is the longest lane's."""
+start with the lane ("pve1", "pve1/2", "pve1@node2"), and the ETA is the longest lane's."""
 
 from __future__ import annotations
 
@@ -64,9 +64,10 @@ class Eta:
         )
 
 
-def lanes_of(cells: list) -> dict[str, int]:
-    """The run's lanes (one per host, lab.runner.lanes) and how many cells each has."""
-    return dict(Counter(str(c.host) for c in cells))
+def lanes_of(cells: list, lane_of: dict[str, str]) -> dict[str, int]:
+    """The run's lanes (lab.runner.lanes: `lane_of` a cell id's; else one per host) and how many
+    cells each has."""
+    return dict(Counter(lane_of.get(c.id, str(c.host)) for c in cells))
 
 
 class _EtaColumn(ProgressColumn):
@@ -85,6 +86,7 @@ class RichReporter:
         self.eta = Eta()
         self.lock = threading.Lock()
         self.lane_tasks: dict[str, Any] = {}  # several lanes: one line each under the run's
+        self.lane_of: dict[str, str] = {}  # cell id -> its lane
         self.progress = Progress(
             TextColumn("{task.description}", style="bold", markup=False),
             BarColumn(),
@@ -98,8 +100,9 @@ class RichReporter:
         )
         self.task = None
 
-    def run_started(self, run_id, cells, estimate_s):
-        lanes = lanes_of(cells)
+    def run_started(self, run_id, cells, estimate_s, lanes=None):
+        self.lane_of = dict(lanes or {})
+        lanes = lanes_of(cells, self.lane_of)
         with self.lock:
             self.eta.begin(len(cells), estimate_s, lanes)
             err.print(
@@ -107,7 +110,7 @@ class RichReporter:
                     "run ",
                     styled(run_id, "bold"),
                     f": {len(cells)} cells, estimated {duration(estimate_s)}"
-                    + (f", {len(lanes)} hosts at once" if len(lanes) > 1 else ""),
+                    + (f", {len(lanes)} lanes at once" if len(lanes) > 1 else ""),
                 )
             )
             self.progress.start()
@@ -117,8 +120,11 @@ class RichReporter:
                     lane: self.progress.add_task(f"  {lane}", total=n, stage="") for lane, n in lanes.items()
                 }
 
+    def _lane(self, cell) -> str:
+        return self.lane_of.get(cell.id, str(cell.host))
+
     def _show(self, cell, text):
-        task = self.lane_tasks.get(str(cell.host), self.task)
+        task = self.lane_tasks.get(self._lane(cell), self.task)
         self.progress.update(task, stage=text)
 
     def cell_started(self, cell, position, total):
@@ -131,11 +137,12 @@ class RichReporter:
 
     def cell_finished(self, cell, status, error):
         with self.lock:
-            self.eta.cell_ended(str(cell.host))
+            lane = self._lane(cell)
+            self.eta.cell_ended(lane)
             self.progress.advance(self.task)
-            if str(cell.host) in self.lane_tasks:
-                self.progress.advance(self.lane_tasks[str(cell.host)])
-            where = f"{cell.host}: " if self.lane_tasks else ""
+            if lane in self.lane_tasks:
+                self.progress.advance(self.lane_tasks[lane])
+            where = f"{lane}: " if self.lane_tasks else ""
             self.progress.console.print(
                 line(
                     f"  {where}{cell.id} {cell.label}: ",
@@ -158,21 +165,23 @@ class PlainReporter:
     def __init__(self):
         self.eta = Eta()
         self.lock = threading.Lock()
-        self.several = False  # several lanes: each line of a cell starts with its host
+        self.several = False  # several lanes: each line of a cell starts with its lane
+        self.lane_of: dict[str, str] = {}
 
     def _line(self, text, cell=None):
-        where = f"{cell.host}: " if self.several and cell is not None else ""
+        where = f"{self.lane_of.get(cell.id, cell.host)}: " if self.several and cell is not None else ""
         with self.lock:
             err.print(f"[{duration(self.eta.elapsed())} elapsed, ETA {duration(self.eta.seconds())}] {where}{text}")
 
-    def run_started(self, run_id, cells, estimate_s):
-        lanes = lanes_of(cells)
+    def run_started(self, run_id, cells, estimate_s, lanes=None):
+        self.lane_of = dict(lanes or {})
+        lanes = lanes_of(cells, self.lane_of)
         with self.lock:
             self.eta.begin(len(cells), estimate_s, lanes)
             self.several = len(lanes) > 1
         self._line(
             f"run {run_id}: {len(cells)} cells, estimated {duration(estimate_s)}"
-            + (f", {len(lanes)} hosts at once" if self.several else "")
+            + (f", {len(lanes)} lanes at once" if self.several else "")
         )
 
     def cell_started(self, cell, position, total):
@@ -183,7 +192,7 @@ class PlainReporter:
 
     def cell_finished(self, cell, status, error):
         with self.lock:
-            self.eta.cell_ended(str(cell.host))
+            self.eta.cell_ended(self.lane_of.get(cell.id, str(cell.host)))
         self._line(f"  {cell.id} {status}" + (f": {error}" if error else ""), cell)
 
     def warn(self, message):

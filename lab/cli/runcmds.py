@@ -115,7 +115,7 @@ def plan_cmd(config_path, check_hosts, as_json):
         f"({est.describe()})",
         soft_wrap=True,
     )
-    if len(est.lanes) > 1 or any(cfg.hosts[h].slots > 1 for h in est.lanes):
+    if len(est.lanes) > 1 or any(len(backends.host_lanes(h, cfg.hosts[h])) > 1 for h in est.lanes):
         say_lanes(cfg, units, dups, est)
     ok, text, setting = reach
     if ok and text:
@@ -128,6 +128,14 @@ def plan_cmd(config_path, check_hosts, as_json):
         "record": "records and flags",
         "off": "is not watched",
     }
+    for h in cfg.matrix.host:
+        hs = cfg.hosts[h]
+        if hs.client == "vm":
+            say(
+                f"host {h}: its load generators run in a client VM the run makes there ({hs.client_vcpus} vCPUs, "
+                f"{hs.client_memory_mib} MiB, virtio, from its first cell's image), destroyed with the run",
+                soft_wrap=True,
+            )
     for h, mode in watch.items():
         say(
             f"host {h}: its load {words[mode]}"
@@ -144,6 +152,18 @@ def plan_cmd(config_path, check_hosts, as_json):
         say("hosts checked: reachable, credentials and privileges, images in place")
 
 
+def lanes_at(cfg: LabConfig, host: str, n: int) -> str:
+    """What of a host runs at once, in words ("" for one cell at a time)."""
+    if n <= 1:
+        return ""
+    settings = cfg.hosts[host]
+    places = backends.capabilities(settings).places
+    if places and settings.slots == 1:
+        return f", {n} at a time, one on each node ({', '.join(places[:n])})"
+    why = "its measured VMs share the host" if not places else f"{settings.slots} on each node ({', '.join(places)})"
+    return f", {n} at a time (slots: {why}; the manifest records overlaps)"
+
+
 def say_lanes(cfg: LabConfig, units: list[plan.Unit], dups: dict[str, str], est: estimate.Estimate) -> None:
     """The lanes of a run on several hosts (lab.runner.lanes): one line each, what runs at once,
     and that network measurements take turns on their client."""
@@ -157,22 +177,18 @@ def say_lanes(cfg: LabConfig, units: list[plan.Unit], dups: dict[str, str], est:
         else f"the network measurements' turns on the client ({duration(est.client_s)}), longer than any lane"
     )
     hosts = f"{len(est.lanes)} hosts at once" if len(est.lanes) > 1 else "1 host"
-    at_once = "each one cell at a time" if all(cfg.hosts[h].slots == 1 for h in est.lanes) else "as many cells as slots"
+    at = {h: backends.lanes_at_once(h, cfg.hosts[h], count.get(h, 0)) for h in est.lanes}
+    at_once = "each one cell at a time" if all(n == 1 for n in at.values()) else "as many cells as lanes"
     say(f"lanes: {hosts}, {at_once}; the estimate is {bound}")
     for host, seconds in est.lanes.items():
-        slots = min(cfg.hosts[host].slots, count.get(host, 0))
-        at = (
-            f", {slots} at a time (slots: its measured VMs share the host; the manifest records overlaps)"
-            if slots > 1
-            else ""
-        )
-        say(f"  lane {host}: {count.get(host, 0)} cells{at}, {duration(seconds)}", soft_wrap=True)
+        what = f"{count.get(host, 0)} cells{lanes_at(cfg, host, at[host])}"
+        say(f"  lane {host}: {what}, {duration(seconds)}", soft_wrap=True)
     network = [w for w in cfg.suite.workloads if getattr(load_all()[w], "network", False)]
-    if network:
-        clients = sorted({cfg.hosts[h].client for h in est.lanes})
+    sharing = [h for h in est.lanes if cfg.hosts[h].client == "local"]
+    if network and len(sharing) > 1:
         say(
-            f"network measurements ({', '.join(network)}) of different lanes take turns on the "
-            f"{', '.join(clients)} client (never two at once through one client)",
+            f"network measurements ({', '.join(network)}) of lanes {', '.join(sharing)} take turns on the "
+            "local client (never two at once through one client)",
             soft_wrap=True,
         )
     for host in est.lanes:

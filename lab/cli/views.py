@@ -93,6 +93,8 @@ def print_show(store: Store, run: RunRow, everything: bool = False) -> None:
             + f"; {len(pairs)}{'+' if run.manifest.get('overlaps_cut_at') else ''} pairs of cells up at the same time",
             soft_wrap=True,
         )
+    for host, vm in (run.manifest.get("client_vms") or {}).items():  # client = "vm" (lab.runner.clientvm)
+        say(f"client VM of host {host}: {vm.get('name')} at {vm.get('address')} ran its load generators")
     for c in cells:
         if c.status != "done":
             say(f"  {c.cell_id} {c.label}: ", styled(c.status, "red"), f" at {c.stage}: {c.error}" if c.error else "")

@@ -144,6 +144,7 @@ DEBIAN12 = Recipe(
         "openssh-server",
         "sysbench",
         "iperf3",
+        "wrk",  # the http/https load generator of a client VM (client = "vm"); nginx is the guest's
         "nginx-light",
         "openssl",
         "ca-certificates",

@@ -1,7 +1,9 @@
 """A lab run: per cell, lease -> clone -> boot -> verify -> tune -> workloads -> teardown.
 
 - lab.runner.run: the run (checks before anything is made, the run lock, order and rounds, resume)
-- lab.runner.lanes: several hosts at once, one lane (thread) per host; cancel, lost hosts, overlaps
+- lab.runner.lanes: several hosts at once, one lane (thread) per host, slot or node; cancel, lost
+  hosts, overlaps
+- lab.runner.clientvm: client = "vm": a host's load generators in a VM the run makes on it
 - lab.runner.cells: a VM cell and the bare-metal cell, each inside lab.lifecycle.CellLife
 - lab.runner.measure: the workloads stage (repetitions, executions) and `lab reparse`
 - lab.runner.context: what the parts of one run share

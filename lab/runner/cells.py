@@ -75,7 +75,7 @@ def run_cell(
     final: bool = True,
 ) -> str:
     expires = lease_expiry(ctx.cfg.lab.lease_minutes)
-    spec = plan.vm_spec(cell, image, run_id=ctx.run_id, expires_at=expires)
+    spec = plan.vm_spec(cell, image, run_id=ctx.run_id, expires_at=expires, place=ctx.place)
     life = _life(
         ctx,
         cell,
@@ -153,8 +153,18 @@ def _vm_cell(
         **isolation_labels(where),
     }
     ctx.store.cell_update(ctx.run_id, cell.id, facts=life.facts)
+    generator = ctx.generators.get(cell.host, client)
     run_workloads(
-        ctx, life, where.guest, client, image.os, address, labels_base, vcpus=cell.vcpus, round_no=round_no, quota=quota
+        ctx,
+        life,
+        where.guest,
+        generator,
+        image.os,
+        address,
+        labels_base,
+        vcpus=cell.vcpus,
+        round_no=round_no,
+        quota=quota,
     )
     life.finish(CellStatus.DONE if final else CellStatus.PENDING)
 
@@ -345,7 +355,7 @@ def _bare_metal_cell(
         ctx,
         life,
         where.guest,
-        client,
+        ctx.generators.get(cell.host, client),
         bm.guest.os,
         bm.address,
         labels_base,

@@ -28,7 +28,9 @@ class RunContext:
     run_id: str
     reporter: Reporter
     backends: dict[str, Backend] = field(default_factory=dict)
-    clients: dict[str, Client] = field(default_factory=dict)
+    clients: dict[str, Client] = field(default_factory=dict)  # host -> this machine's side of its run network
+    # host -> where its load generators run when that is not `clients` (client = "vm": lab.runner.clientvm)
+    generators: dict[str, Client] = field(default_factory=dict)
     host_fp: dict[str, int] = field(default_factory=dict)
     teardown_failures: list[str] = field(default_factory=list)
     # repetition policy state per (cell id, workload): what was measured, why it stopped
@@ -45,9 +47,11 @@ class RunContext:
     cancel: threading.Event = field(default_factory=threading.Event)
     # host -> why it was lost mid-run (a cell failed with HostUnreachable): its lane ends there
     lost_hosts: dict[str, str] = field(default_factory=dict)
-    # One lock per load-generator placement ("local": this machine): network measurements of
-    # different lanes never share a client at once (lab.runner.measure)
+    # One lock per load-generator machine ("local": this one; "vm:HOST": a host's client VM):
+    # network measurements of different lanes never share a client at once (lab.runner.measure)
     client_locks: dict[str, threading.Lock] = field(default_factory=lambda: {"local": threading.Lock()})
+    # The place on its host (Capabilities.places, e.g. a PVE node) this lane's VMs are pinned to; "" none
+    place: str = ""
 
 
 def workload_params(cfg: LabConfig, name: str) -> dict[str, Any]:

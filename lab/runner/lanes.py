@@ -3,10 +3,11 @@
 A lane is a host (`lane_of`): its cells run one after the other, as a run on that host alone
 would, so a host never has two measured VMs of the lab up at once and they cannot disturb each
 other's figures (`[hosts.NAME] slots`, 1). A host with more slots has as many lanes ("pve1/2" is
-the second), its cells dealt to them in the run's order; its set-up for the run is made once, by
-whichever of its lanes comes first, and losing it ends all of them. A Proxmox cluster with several
-`nodes` is one host: a cell does not know its node before the clone (the backend places it,
-`placement`), so lanes per node would need the placement decided at plan time.
+the second), and a host with places (Capabilities.places: the nodes of a Proxmox cluster with
+`placement = "spread"`) as many per place ("pve1@node2"), each lane's VMs pinned to its place
+(VmSpec.place, from RunContext.place): lab.backends.host_lanes names them. A host's cells are
+dealt to its lanes in the run's order; its set-up for the run is made once, by whichever of its
+lanes comes first, and losing it ends all of them.
 
 Order within a lane is the run's: the ordered cells are split by lane, order kept; an interleaved
 run has its rounds per lane, and since plan.round_order draws each cell's place from the seed, the
@@ -45,21 +46,26 @@ def lane_of(unit: Any) -> str:
 
 
 def host_of(lane: str) -> str:
-    return lane.split("/", 1)[0]
+    return lane.split("/", 1)[0].split("@", 1)[0]
 
 
-def split(ordered: list[Any], slots: dict[str, int] | None = None) -> dict[str, list[Any]]:
+def place_of(lane: str) -> str:
+    """The place a lane's VMs are pinned to ("pve1@node2/2" -> "node2"), "" for none."""
+    return lane.split("/", 1)[0].partition("@")[2]
+
+
+def split(ordered: list[Any], named: dict[str, list[str]] | None = None) -> dict[str, list[Any]]:
     """The run's ordered cells by lane, each lane's in the run's order; lanes in order of first cell.
-    A host with `slots[host]` > 1 has that many lanes (the first named as the host, then "host/2",
-    ...), its cells dealt round-robin in order."""
+    A host with several lanes (`named[host]`, lab.backends.host_lanes) has its cells dealt to them
+    round-robin in order, as many lanes as it has cells at most."""
     by_host: dict[str, list[Any]] = {}
     for unit in ordered:
         by_host.setdefault(lane_of(unit), []).append(unit)
     lanes: dict[str, list[Any]] = {}
     for host, units in by_host.items():
-        n = max(1, min((slots or {}).get(host, 1), len(units)))
-        for k in range(n):
-            lanes[host if k == 0 else f"{host}/{k + 1}"] = units[k::n]
+        names = ((named or {}).get(host) or [host])[: len(units)]
+        for k, name in enumerate(names):
+            lanes[name] = units[k :: len(names)]
     return lanes
 
 
@@ -111,7 +117,13 @@ def run_lanes(
     then `run_units(ctx, units)` runs its cells in order. Returns when every lane has ended; raises
     Interrupted (after every lane's teardown) if the run was interrupted."""
     running = [
-        Lane(name, units, dataclasses.replace(ctx, tallies={}, rounds=[], signatures={}, busy_streaks={}, spans=[]))
+        Lane(
+            name,
+            units,
+            dataclasses.replace(
+                ctx, tallies={}, rounds=[], signatures={}, busy_streaks={}, spans=[], place=place_of(name)
+            ),
+        )
         for name, units in lanes.items()
     ]
     open_once = OpenOnce(open_host, {host_of(name) for name in lanes})

@@ -12,10 +12,11 @@ sample of it (labels["host_load"]), flagged when foreign load or steal exceeded 
 "wait" mode the runner first waits, bounded, until the host has been quiet for a few seconds.
 
 The client: a network workload (`network = True` on the workload: its load generator or server
-runs on the client side) holds its host's client placement's lock (RunContext.client_locks) for its
-prepare and each of its runs, so two lanes never measure through one client at once; its samples
-carry the placement (labels["client"], "local": this machine) and how busy the client was during
-each measured repetition (labels["client_load"], lab.clientload: flagged when it was saturated).
+runs on the client side) holds its client's lock (RunContext.client_locks: this machine's, or the
+host's own client VM's, lab.runner.clientvm) for its prepare and each of its runs, so two lanes
+never measure through one client at once; its samples carry the placement (labels["client"],
+"local": this machine, "vm") and how busy the client was during each measured repetition
+(labels["client_load"], lab.clientload: flagged when it was saturated).
 Every workload of a cell on this machine (Capabilities.local_host) holds the "local" lock too:
 another lane's load generator would be foreign load under its figures.
 """
@@ -27,12 +28,14 @@ import dataclasses
 import json
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from lab import clientload, flags, hostload, lifecycle, schedule
 from lab.errors import LabError
 from lab.lifecycle import CellLife, Interrupted
 from lab.model import Client
+from lab.runner import clientvm
 from lab.runner.context import RunContext, workload_params
 from lab.store import Store
 from lab.workloads import WorkloadContext, load_all
@@ -78,13 +81,14 @@ def run_workloads(
         life.enter("workloads", f"{name}: prepare")
         placement = ctx.cfg.hosts[str(cell.host)].client
         network = getattr(wl, "network", False)
-        turn = (
-            client_turn(ctx, life, placement if network else "local", name)
-            if network or on_this_machine
-            else contextlib.nullcontext
+        keys = ([clientvm.turn_key(str(cell.host), placement)] if network else []) + (
+            [clientvm.LOCAL] if on_this_machine else []
         )
+        turn = client_turn(ctx, life, keys, name) if keys else contextlib.nullcontext
         client_labels = {"client": placement} if network else {}
-        client_watch = ClientWatch(ctx, life, placement, judged=not on_this_machine) if network else None
+        # a client VM is judged by its own vCPUs; this machine only when it is not the cell's host
+        judged = placement != clientvm.LOCAL or not on_this_machine
+        client_watch = ClientWatch(ctx, life, placement, client, judged=judged) if network else None
         started = lifecycle.clock()
         try:
             with turn():
@@ -149,22 +153,27 @@ def run_workloads(
 CLIENT_POLL_S = 0.5  # a lane waiting for the client looks at the run's cancel this often
 
 
-def client_turn(ctx: RunContext, life: CellLife, placement: str, what: str):
-    """A context manager factory: hold the client placement's lock for one network step. A lane
-    that has to wait says so on its progress, and stops waiting when the run is cancelled."""
-    lock: threading.Lock = ctx.client_locks[placement]
+def client_turn(ctx: RunContext, life: CellLife, keys: list[str], what: str):
+    """A context manager factory: hold the locks of these clients (RunContext.client_locks, taken
+    in sorted order: no cycle) for one step. A lane that has to wait says so on its progress, and
+    stops waiting when the run is cancelled."""
 
     @contextlib.contextmanager
-    def turn():
-        if not lock.acquire(blocking=False):
-            life.progress(f"{what}: waiting for the {placement} client (another host's network measurement)")
-            while not lock.acquire(timeout=CLIENT_POLL_S):
-                if ctx.cancel.is_set():
-                    raise Interrupted("cancelled: the run was interrupted")
+    def turn() -> Iterator[None]:
+        held: list[threading.Lock] = []
         try:
+            for key in sorted(set(keys)):
+                lock: threading.Lock = ctx.client_locks[key]
+                if not lock.acquire(blocking=False):
+                    life.progress(f"{what}: waiting for the {key} client (another host's network measurement)")
+                    while not lock.acquire(timeout=CLIENT_POLL_S):
+                        if ctx.cancel.is_set():
+                            raise Interrupted("cancelled: the run was interrupted")
+                held.append(lock)
             yield
         finally:
-            lock.release()
+            for lock in reversed(held):
+                lock.release()
 
     return turn
 
@@ -192,12 +201,12 @@ class ClientWatch:
     """The client under one cell's network repetitions (lab.clientload): a window around each, and
     what to stamp on its samples; a saturated client (judged: not the cell's host) is said."""
 
-    def __init__(self, ctx: RunContext, life: CellLife, placement: str, *, judged: bool):
-        self.placement, self.judged, self.life = placement, judged, life
+    def __init__(self, ctx: RunContext, life: CellLife, placement: str, client: Client, *, judged: bool):
+        self.placement, self.client, self.judged, self.life = placement, client, judged, life
         self.threshold, self.reporter = ctx.cfg.suite.client_saturated_pct, ctx.reporter
 
     def open(self) -> hostload.LoadWindow:
-        return clientload.open_window(self.placement)
+        return clientload.open_window(self.client)
 
     def after(self, window: hostload.LoadWindow, what: str) -> dict[str, Any]:
         label = clientload.label(self.placement, window.stop(), self.threshold, judged=self.judged)

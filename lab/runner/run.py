@@ -27,18 +27,20 @@ from __future__ import annotations
 
 import random
 import secrets
+import threading
 from pathlib import Path
 from typing import Any
 
 from lab import __version__, check, estimate, gc, hostinfo, images, plan, schedule
-from lab.backends import Backend
+from lab.backends import Backend, host_lanes
 from lab.errors import LabError, SettingError, TeardownError, UsageError
 from lab.labconfig import LabConfig
 from lab.lifecycle import Interrupted, Reporter, SilentReporter, shielded
 from lab.model import CellStatus, ImageRef
 from lab.runlock import RunLock, run_lock_path
-from lab.runner import lanes
+from lab.runner import clientvm, lanes
 from lab.runner.cells import run_unit
+from lab.runner.clientvm import ClientVms
 from lab.runner.context import RunContext, workload_params
 from lab.store import Store
 
@@ -171,11 +173,19 @@ def _run_locked(
         reporter.warn(f"could not sweep: {e}")
     dups = plan.equivalents(cfg, cells)
     ctx = RunContext(cfg, store, run_id, reporter, backends, duplicates=dups, seed=seed)
+    client_vms = ClientVms(store, run_id, cfg.lab.lease_minutes, list(cfg.matrix.host))
+    for host in backends:  # every client's lock exists before the lanes start
+        ctx.client_locks.setdefault(clientvm.turn_key(host, cfg.hosts[host].client), threading.Lock())
     interleaved = cfg.suite.order == "interleaved"
     n_rounds = len(plan.rounds(cfg.suite.repetitions, cfg.suite.repetitions_per_boot)) if interleaved else 1
-    by_lane = lanes.split(ordered, {h: cfg.hosts[h].slots for h in backends})
+    by_lane = lanes.split(ordered, {h: [n for n, _ in host_lanes(h, cfg.hosts[h])] for h in backends})
     manifest["lanes"] = {lane: [c.id for c in units] for lane, units in by_lane.items()}
-    reporter.run_started(run_id, ordered * n_rounds, estimate_seconds(cfg, ordered, dups, store))
+    reporter.run_started(
+        run_id,
+        ordered * n_rounds,
+        estimate_seconds(cfg, ordered, dups, store),
+        {c.id: lane for lane, units in by_lane.items() for c in units},
+    )
     status, error = "failed", None
 
     def open_host(ctx: RunContext, host: str) -> None:
@@ -186,6 +196,13 @@ def _run_locked(
         mtu = hostinfo.run_bridge_mtu(ctx.clients[host])
         if mtu:
             manifest.setdefault("run_bridge_mtu", {})[host] = mtu
+        if cfg.hosts[host].client == "vm":
+            image = next((imgs[c.image] for c in ordered if c.host == host and c.kind == "vm"), None)
+            if image is None:
+                raise UsageError(f'host {host}: client = "vm" needs a VM cell\'s golden image to clone; it has none')
+            made = client_vms.open(host, backend, ctx.clients[host], image)
+            ctx.generators[host] = made
+            manifest.setdefault("client_vms", {})[host] = {"name": made.name, "address": made.address}
 
     def run_lane(ctx: RunContext, units: list[plan.Unit]) -> None:
         if interleaved:
@@ -201,6 +218,7 @@ def _run_locked(
         else:  # one host, one slot: inline, as a run always was
             for host in backends:
                 open_host(ctx, host)
+            ctx.place = lanes.place_of(next(iter(by_lane), ""))
             if interleaved:
                 run_rounds(ctx, ordered, imgs, seed)
             else:
@@ -215,6 +233,7 @@ def _run_locked(
         raise
     finally:
         with shielded():
+            ctx.teardown_failures += client_vms.close_all()  # after the cells, before the hosts' run set-up
             for host, backend in backends.items():
                 try:
                     backend.close_run(run_id)

@@ -48,7 +48,9 @@ class Workload(Protocol):
     """What the config and the runner call. A workload may also have `estimate_seconds(params)`
     (one repetition's length) for `lab plan`; without it the estimate is its "time" or "duration".
     `network = True` on a workload whose load goes through the client side (a load generator or a
-    server there): the runner lets one lane at a time use a client (lab.runner.measure)."""
+    server there): the runner lets one lane at a time use a client (lab.runner.measure).
+    `client_files = True` on one whose client side uses files of this machine (a repository, the
+    lab's key): it runs only with the "local" client (lab.check), never on a client VM."""
 
     name: str
     defaults: dict[str, Any]  # parameter defaults; [suite.params.<name>] overrides them

@@ -76,6 +76,9 @@ def segment_tag(place: str, lro: str) -> str:
 class GitClone:
     name = "git-clone"
     network = True  # its load goes through the client side: one lane at a time (lab.runner.measure)
+    client_files = (
+        True  # its client side serves a repository of this machine (git daemon): client = "local" only (lab.check)
+    )
     defaults: dict[str, Any] = {
         "files": 2000,
         "file_kib": 16,

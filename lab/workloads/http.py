@@ -21,6 +21,7 @@ from lab.wait import wait_until
 from lab.workloads import WorkloadContext, register
 from lab.workloads.cpu import cpu_samples, snapshot
 from lab.workloads.toolkit import (
+    CLIENT_TOOL_HINT,
     UNMEASURED,
     Parsed,
     SegmentLog,
@@ -165,7 +166,7 @@ class _Http:
         require_guest_tool(ctx, "nginx", self.name, also_in=SBIN_DIRS)
         res = proc.run(ctx.client.argv(["wrk", "-v"]), timeout=30, check=False, what="wrk on the client side")
         if "wrk" not in (res.stdout + res.stderr):
-            raise LabError(f"{self.name}: wrk does not run on the client side", hint="run `make setup`")
+            raise LabError(f"{self.name}: wrk does not run on the client side", hint=CLIENT_TOOL_HINT)
         target = self.target(ctx)
         last = {"code": "000"}
 

@@ -25,6 +25,7 @@ from lab.model import RawOutput, Sample
 from lab.workloads import WorkloadContext, register
 from lab.workloads.cpu import cpu_samples, run_guest_load
 from lab.workloads.toolkit import (
+    CLIENT_TOOL_HINT,
     UNMEASURED,
     SegmentLog,
     client_server,
@@ -207,7 +208,7 @@ class _Iperf3:
         if not res.ok:
             raise LabError(
                 f"{self.name}: iperf3 does not run on the client side: {first_line(res.stderr or res.stdout)}",
-                hint="run `make setup`",
+                hint=CLIENT_TOOL_HINT,
             )
 
     def run(self, ctx: WorkloadContext, repetition: int) -> RawOutput:

@@ -143,6 +143,9 @@ def parse_build_output(text: str, steps: tuple[str, ...] = STEPS, workload: str 
 class PodmanBuild:
     name = "podman-build"
     network = True  # its load goes through the client side: one lane at a time (lab.runner.measure)
+    client_files = (
+        True  # its client side serves a repository of this machine (git daemon): client = "local" only (lab.check)
+    )
     defaults: dict[str, Any] = {
         "files": 2000,
         "file_kib": 16,

@@ -118,6 +118,9 @@ def parse_scp_output(text: str, file_bytes: int, direction: str, workload: str =
 class Scp:
     name = "scp"
     network = True  # its load goes through the client side: one lane at a time (lab.runner.measure)
+    client_files = (
+        True  # its client side sends this machine's files with the lab's key: client = "local" only (lab.check)
+    )
     defaults: dict[str, Any] = {"size_mib": 64, "directions": ["tx", "rx"], "cipher": ""}
 
     def params(self, ctx: WorkloadContext) -> dict[str, Any]:

@@ -233,6 +233,10 @@ def tool_check_command(tool: str, also_in: tuple[str, ...] = ()) -> str:
     return "sh -c " + shlex.quote(script)
 
 
+# a load generator missing on the client side: this machine's packages, or a client VM's image
+CLIENT_TOOL_HINT = "run `make setup` (this machine), or `lab images build` (a client VM's golden image)"
+
+
 def require_guest_tool(ctx: WorkloadContext, tool: str, workload: str, also_in: tuple[str, ...] = ()) -> None:
     """Fail early, with the package to add, when a tool is missing in the guest."""
     res = ctx.guest.run(tool_check_command(tool, also_in), timeout=30, check=False)
@@ -294,7 +298,7 @@ def client_server(
 
     try:
         with open(log_path, "w") as log:
-            server = proc.spawn(ctx.client.argv(argv), stdout=log, stderr=subprocess.STDOUT)
+            server = proc.spawn(ctx.client.server_argv(argv), stdout=log, stderr=subprocess.STDOUT)
 
         def listening() -> bool:
             text = log_text()

@@ -21,12 +21,14 @@ from lab.model import Client, ImageRef, Owned, Vm, VmSpec
 JOURNAL: list[tuple[str, str]] = []  # (event, name): open_run, clone, start, destroy, close_run, ...
 LIVE: dict[str, Vm] = {}  # name -> what is still made
 GUESTS: dict[str, FakeGuest] = {}  # name -> its last guest
+PLACED: dict[str, str] = {}  # name -> the place its spec pinned it to (Capabilities.places)
 
 
 def reset() -> None:
     JOURNAL.clear()
     LIVE.clear()
     GUESTS.clear()
+    PLACED.clear()
 
 
 @dataclass
@@ -139,6 +141,8 @@ class FakeBackend(Backend):
         )
         LIVE[spec.name] = vm
         JOURNAL.append(("clone", spec.name))
+        if spec.place:
+            PLACED[spec.name] = spec.place
         return vm
 
     def start(self, vm: Vm) -> None:

@@ -52,6 +52,12 @@ class FakeGuest:
         self.within: str | None = None  # the container the command being answered runs in
 
     # -- what the lab calls ------------------------------------------------------------------------
+    def argv(self, command: str, *, tty: bool = False) -> list[str]:
+        """As lab.guest.Guest.argv: here the command line runs on this machine (a fake client VM's
+        load generator is this machine's)."""
+        self.commands.append(command)
+        return ["sh", "-c", command]
+
     def connect(self, timeout: float = 60.0) -> None:
         self._stage("ssh", "ssh")
         self.connected = True
@@ -124,6 +130,10 @@ class FakeGuest:
             raise CommandError(["ssh", self.address, command], 255, "", f"injected failure at {wanted}")
 
     def _answer(self, command: str) -> str:
+        if command == "cat /proc/stat":  # an idle machine with this guest's vCPUs
+            return "cpu  1000 0 500 90000 0 0 20 0 0 0\n" + "".join(
+                f"cpu{i} 500 0 250 45000 0 0 10 0 0 0\n" for i in range(self.vcpus)
+            )
         if command.startswith("echo nic="):
             return (
                 f"nic={self.nic_driver}\ncpus={self.vcpus}\nmem={self.memory_mib * 1024 * 97 // 100}\nLinux 6.1.0-fake"

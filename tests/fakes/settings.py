@@ -33,6 +33,7 @@ class Settings(HostSettings):
     # on, every call raises HostUnreachable)
     lost: str = ""
     boot_s: float = 0.0  # how long each boot takes in wall time (a slow or hanging host)
+    places: list[str] = []  # parts of the host a VM can be pinned to (Capabilities.places), as a cluster's nodes
 
     def problems(self) -> list[tuple[str, object, str]]:
         stages = {"clone", "boot", "ssh", "verify", "tune", "workloads", "teardown"}
@@ -56,5 +57,6 @@ def capabilities(settings: Settings) -> Capabilities:
         lab_side_link=False,
         local_host=settings.local_host,
         max_slots=8,
+        places=tuple(settings.places),
         snapshots=bool(settings.warm),
     )

@@ -60,8 +60,11 @@ class Placement:
         self._lock = threading.Lock()
 
     def node_for(self, spec: VmSpec) -> str:
-        nodes = self.settings.clone_nodes
-        if len(nodes) == 1:
+        """`spec.place` (its lane's node, lab.runner.lanes) if it names one, else `placement`'s choice."""
+        nodes = [spec.place] if spec.place else self.settings.clone_nodes
+        if spec.place and spec.place not in self.settings.clone_nodes:
+            raise BackendError(f"{self.session.host}: {spec.name} asks for node {spec.place}, not one of `nodes`")
+        if len(nodes) == 1 and not spec.place:
             node = nodes[0]
         else:
             res = self.session.get("GET /cluster/resources", self.session.api().cluster.resources, type="node")
@@ -74,9 +77,9 @@ class Placement:
                 if r.get("status") == "online" and free >= need:
                     fits.append((n, order, free))
             if not fits:
+                which = f"node {spec.place} (its lane's) is not" if spec.place else f"no node of {', '.join(nodes)} is"
                 raise BackendError(
-                    f"{self.session.host}: no node of {', '.join(nodes)} is online with "
-                    f"{spec.memory_mib} MiB free for {spec.name}"
+                    f"{self.session.host}: {which} online with {spec.memory_mib} MiB free for {spec.name}"
                 )
             with self._lock:
                 if self.settings.placement == "spread":

@@ -49,8 +49,10 @@ class Settings(HostSettings):
     # where clones may run (default: [node]); a node without its own template of the same name gets
     # clones through `target=` (shared storage)
     nodes: list[str] | None = None
-    # pack: the first listed node that is online with the memory free (a comparison shares a node);
-    # spread: the node with the fewest of this run's VMs so far, then the most free memory
+    # pack: one lane, its VMs on the first listed node that is online with the memory free (a
+    # comparison shares a node). spread: each of `nodes` is a lane of its own (lab.runner.lanes): a
+    # run deals its cells to the nodes and runs them at once, each VM on its lane's node; a VM made
+    # outside a run goes to the node with the fewest of the lab's VMs so far, then the most free memory
     placement: Literal["pack", "spread"] = "pack"
     storage: str = "local-lvm"  # full clones and published templates (linked clones stay with the template)
     import_storage: str = "local"  # receives the upload of `lab images publish`
@@ -217,5 +219,6 @@ def capabilities(settings: Settings) -> Capabilities:
         clone_kinds=frozenset(CloneKind),
         boot_modes=frozenset({"bios", "uefi"}),
         max_vcpus=512,
+        places=tuple(settings.clone_nodes) if settings.placement == "spread" and settings.nodes else (),
         missing={"snapshots": "a PVE vmstate snapshot cannot be cloned: warm start is not available"},
     )

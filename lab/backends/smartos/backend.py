@@ -35,7 +35,7 @@ from lab.backends.neighbours import parse_arp
 from lab.backends.smartos import payload, publish
 from lab.backends.smartos.globalzone import CommandFailed, ConnectionLost, GlobalZone
 from lab.backends.smartos.settings import DISK_MODELS, NIC_MODELS, Settings, address_pool, capabilities
-from lab.errors import BackendError, ConfigError, LabError, SettingError, TeardownError, UsageError
+from lab.errors import BackendError, ConfigError, LabError, SettingError, TeardownError, TimeoutError_, UsageError
 from lab.model import Client, ImageRef, Owned, Vm, VmSpec
 from lab.runlock import RunLocks
 from lab.wait import wait_until
@@ -420,7 +420,7 @@ class SmartosBackend(Backend):
                     what=f"vmadm delete {uuid}",
                 )
                 return
-            except CommandFailed as exc:
+            except (CommandFailed, TimeoutError_) as exc:  # refused, or hung on a VM in transition
                 got = self._get(uuid)
                 if got is None:
                     return
