@@ -1,14 +1,14 @@
 """client = "vm" (lab.runner.clientvm) through the fake backend: the run makes a client VM on the
 host, its network workloads run their client side there and carry its load, it is the client of
-that host alone, and it is destroyed with the run, whatever happens; config refuses the workloads
-that need this machine's files on the client side."""
+that host alone (test_lanes: the lanes' measurements overlap), and it is destroyed with the run,
+whatever happens; config refuses the workloads that need this machine's files on the client side."""
 
 from __future__ import annotations
 
 import fakes.backend as fake
 import pytest
 from test_clientload import NetworkWork
-from test_lanes import ConcurrencyProbe, run_with, write_lab
+from test_lanes import run_with, write_lab
 
 from lab import clientload, runner
 from lab.errors import ConfigError
@@ -66,21 +66,6 @@ def test_a_hosts_network_workloads_run_in_its_client_vm_destroyed_with_the_run(f
         workloads.WORKLOADS.pop(probe.name, None)
     assert shown.returncode == 0, shown.stderr
     assert f"client VM of host a: {name} at {fake.GUESTS[name].address} ran its load generators" in shown.stdout
-
-
-def test_each_host_has_its_own_client_vm_and_their_measurements_overlap(fake_lab):
-    probe = ConcurrencyProbe("fake-probe", True)
-    store, rid = run_with(
-        fake_lab,
-        [probe],
-        {h: 'client = "vm"' for h in "abc"},
-        vcpus=3,
-        suite='workloads = ["fake-probe"]\n[suite.params.fake-probe]\nvalues = [1.0]',
-    )
-    assert store.run(rid).status == "done"
-    assert sorted(store.run(rid).manifest["client_vms"]) == ["a", "b", "c"]
-    assert probe.most > 1  # no one client shared by the lanes: they measure at once
-    assert fake.LIVE == {} and store.open_leases() == []
 
 
 @pytest.mark.parametrize("stage", ["clone", "boot", "ssh"])

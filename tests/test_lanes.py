@@ -295,24 +295,26 @@ class ConcurrencyProbe(fake_workload.FakeWorkload):
                 self.now -= 1
 
 
-@pytest.mark.parametrize("network", [True, False])
-def test_network_measurements_of_different_lanes_take_turns_on_the_client(fake_lab, network):
+@pytest.mark.parametrize("network, client", [(True, "local"), (False, "local"), (True, "vm")])
+def test_network_measurements_of_different_lanes_take_turns_on_the_client(fake_lab, network, client):
     probe = ConcurrencyProbe("fake-probe", network)
     store, rid = run_with(
         fake_lab,
         [probe],
-        {h: "" for h in "abc"},
+        {h: f'client = "{client}"' for h in "abc"},
         vcpus=3,
         suite='workloads = ["fake-probe"]\n[suite.params.fake-probe]\nvalues = [1.0]',
     )
     assert by_status(store, rid) == {"done": [f"c0{i}" for i in range(1, 10)]}
     samples = store.samples(rid)
-    if network:
+    if network and client == "local":
         assert probe.most == 1  # never two through the one local client
         assert samples and all(s.labels["client"] == "local" for s in samples)
     else:
-        assert probe.most > 1  # the lanes do run at once
-        assert all("client" not in s.labels for s in samples)
+        assert probe.most > 1  # the lanes do run at once: each host its own client VM, or no client
+        assert all(s.labels.get("client") == ("vm" if network else None) for s in samples)
+    assert sorted(store.run(rid).manifest.get("client_vms", {})) == (["a", "b", "c"] if client == "vm" else [])
+    assert fake.LIVE == {} and store.open_leases() == []
 
 
 def test_the_estimate_is_the_longest_lane(fake_lab):

@@ -145,7 +145,9 @@ def test_local_and_two_pve_nodes_run_at_once_with_a_client_vm(
                 labels = by_cell[cid].labels
                 assert labels["client"] == "vm"
                 assert labels["client_load"]["placement"] == "vm" and labels["client_load"]["cpus"] == 1
-            raws = [raw for _, cid, _, raw in store.raw_outputs(run.id) if raw.workload == "iperf3-tcp" and cid != "c01"]
+            raws = [
+                raw for _, cid, _, raw in store.raw_outputs(run.id) if raw.workload == "iperf3-tcp" and cid != "c01"
+            ]
             assert raws and all(raw.params["client_address"] == client_vm["address"] for raw in raws)
             busy = {(s.cell_id, s.metric) for s in store.samples(run.id)}
             assert {("c01", "cpu_busy_pct"), ("c03", "cpu_busy_pct"), ("c04", "cpu_busy_pct")} <= busy
