@@ -70,16 +70,18 @@ def test_local_and_two_pve_nodes_run_at_once_with_a_client_vm(
     try:
         with emu:
             monkeypatch.setenv("LAB_TEST_PVE_TOKEN", env["LAB_TEST_PVE_TOKEN"])
-            for node in ("pve1", "pve2"):  # each node its own template (local storage)
-                settings = Settings(
-                    backend="proxmox",
-                    url=emu.url,
-                    node=node,
-                    token="env:LAB_TEST_PVE_TOKEN",
-                    ca_file=str(pve_certs.ca_file),
-                    storage="local-lvm",
-                )
-                ProxmoxBackend("pve", settings, pve_env).publish_image(golden)
+            # the template on shared storage, so that pve2 clones it too (PVE does not proxy an
+            # upload to another node, so one template per node cannot be published through pve1)
+            emu.add_storage("ceph", "rbd", {"images"}, shared=True)
+            settings = Settings(
+                backend="proxmox",
+                url=emu.url,
+                node="pve1",
+                token="env:LAB_TEST_PVE_TOKEN",
+                ca_file=str(pve_certs.ca_file),
+                storage="ceph",
+            )
+            ProxmoxBackend("pve", settings, pve_env).publish_image(golden)
             (tmp_path / "lab.toml").write_text(
                 textwrap.dedent(f"""
                 [lab]
@@ -89,7 +91,7 @@ def test_local_and_two_pve_nodes_run_at_once_with_a_client_vm(
                 workdir = "{workdir}"
                 boot_timeout = 300
                 """)
-                + pve_host_table(emu.url, pve_certs.ca_file, node_netns)
+                + pve_host_table(emu.url, pve_certs.ca_file, node_netns).replace('"local-lvm"', '"ceph"')
                 + 'nodes = ["pve1", "pve2"]\nplacement = "spread"\nclient = "vm"\nclient_vcpus = 1\n'
                 + "client_memory_mib = 512\n"
                 + textwrap.dedent("""
@@ -130,16 +132,20 @@ def test_local_and_two_pve_nodes_run_at_once_with_a_client_vm(
                 "c03": "pve1",
                 "c04": "pve2",
             }
-            assert man["overlaps"] == [["c01", "c03"], ["c01", "c04"], ["c03", "c04"]]  # all three up at once
-            spans = [s for boots in man["spans"].values() for s in boots]
-            together, apart = union_s(spans), sum(b - a for a, b in spans)
-            print(f"three lanes: {apart:.1f} s of cells in {together:.1f} s ({together / apart:.2f})")
-            assert together < 0.75 * apart
+            assert ["c03", "c04"] in man["overlaps"]  # the two nodes measured at once
+            # the local lane did not wait for the cluster's set-up (its client VM's boot) to start
+            spans = {cid: boots[0] for cid, boots in man["spans"].items()}
+            assert spans["c01"][0] < min(spans["c03"][0], spans["c04"][0])
+            wall = run.finished_at - run.started_at
+            cells_s = sum(b - a for a, b in spans.values())
+            print(f"three lanes: {cells_s:.1f} s of cells (and a client VM) in {wall:.1f} s of run")
+            assert wall < cells_s
             client_vm = man["client_vms"]["pve"]
             assert client_vm["name"] == f"lab-{run.id}-client2" and client_vm["address"].startswith(SUBNET + ".")
-            iperf = [s for s in store.samples(run.id) if s.workload == "iperf3-tcp" and s.metric == "throughput_mbit_s"]
-            by_cell = {s.cell_id: s for s in iperf}
+            samples = store.samples(run.id)
+            by_cell = {s.cell_id: s for s in samples if s.metric == "throughput_mbit_s_rx"}  # iperf3-tcp's
             assert set(by_cell) == {"c01", "c03", "c04"}
+            print("iperf3 rx Mbit/s: " + ", ".join(f"{c} {s.value:.0f} ({s.labels['client']})" for c, s in by_cell.items()))
             assert by_cell["c01"].labels["client"] == "local"
             for cid in ("c03", "c04"):  # through the client VM: its own vCPU, judged
                 labels = by_cell[cid].labels
