@@ -145,7 +145,8 @@ def test_local_and_two_pve_nodes_run_at_once_with_a_client_vm(
             samples = store.samples(run.id)
             by_cell = {s.cell_id: s for s in samples if s.metric == "throughput_mbit_s_rx"}  # iperf3-tcp's
             assert set(by_cell) == {"c01", "c03", "c04"}
-            print("iperf3 rx Mbit/s: " + ", ".join(f"{c} {s.value:.0f} ({s.labels['client']})" for c, s in by_cell.items()))
+            figures = ", ".join(f"{c} {s.value:.0f} ({s.labels['client']})" for c, s in by_cell.items())
+            print(f"iperf3 rx Mbit/s: {figures}")
             assert by_cell["c01"].labels["client"] == "local"
             for cid in ("c03", "c04"):  # through the client VM: its own vCPU, judged
                 labels = by_cell[cid].labels
