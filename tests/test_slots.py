@@ -132,3 +132,22 @@ def test_more_slots_than_the_backend_runs_is_refused(fake_lab):
     assert res.returncode == 2 and "Traceback" not in res.stderr
     (line,) = res.stderr.strip().splitlines()
     assert "hosts.a.slots" in line and "9" in line and "at most 8" in line
+
+
+def test_a_proxmox_cluster_spread_over_its_nodes_has_slots_lanes_per_node(tmp_path, monkeypatch):
+    from lab import config
+
+    monkeypatch.setenv("T", "lab@pve!t=secret")
+    (tmp_path / "lab.toml").write_text(
+        '[hosts.pve1]\nbackend = "proxmox"\nurl = "https://pve1:8006"\ntoken = "env:T"\nnode = "pve1"\n'
+        'nodes = ["pve1", "pve2"]\nplacement = "spread"\nslots = 2\n[matrix]\nhost = ["pve1"]\n'
+    )
+    cfg = config.load(tmp_path / "lab.toml")
+    assert [name for name, _ in backends.host_lanes("pve1", cfg.hosts["pve1"])] == [
+        "pve1@pve1",
+        "pve1@pve1/2",
+        "pve1@pve2",
+        "pve1@pve2/2",
+    ]
+    pack = cfg.hosts["pve1"].model_copy(update={"placement": "pack"})
+    assert backends.host_lanes("pve1", pack) == [("pve1", ""), ("pve1/2", "")]  # one place: the cluster's choice

@@ -211,6 +211,9 @@ def address_pool(spec: str) -> list[str]:
 DISK_KEYS = {DiskBus.VIRTIO: "virtio0", DiskBus.SCSI: "scsi0", DiskBus.SATA: "sata0", DiskBus.IDE: "ide0"}
 
 
+MAX_SLOTS = 16
+
+
 def capabilities(settings: Settings) -> Capabilities:
     return Capabilities(
         description="Proxmox VE",
@@ -220,5 +223,8 @@ def capabilities(settings: Settings) -> Capabilities:
         boot_modes=frozenset({"bios", "uefi"}),
         max_vcpus=512,
         places=tuple(settings.clone_nodes) if settings.placement == "spread" and settings.nodes else (),
+        # measured VMs at once on a node (`slots`): the cluster makes them (VMIDs, addresses and
+        # clone/destroy calls are already shared safely by the lanes of a run)
+        max_slots=MAX_SLOTS,
         missing={"snapshots": "a PVE vmstate snapshot cannot be cloned: warm start is not available"},
     )
