@@ -122,7 +122,7 @@ CONFIGS = {
     "long": Config(
         "long",
         SHORT[:4]
-        + ["ssh-cut", "sshd-killed", "kill-then-resume"]
+        + ["ssh-cut", "sshd-killed", "kill-then-resume", "kill-with-client-vm"]
         + SHORT[4:5]
         + ["pve-template-locked"]
         + SHORT[5:6]
@@ -169,6 +169,23 @@ def kill_orchestrator(sc: Scenario, row: Row, moment: str) -> None:
     row.clear = ok and not any("traceback" in n for n in row.notes)
     if moment == "workload" and not before:
         row.notes.append("no sample stored before the kill")
+
+
+def kill_with_client_vm(sc: Scenario, row: Row) -> None:
+    """client = "vm" (lab.runner.clientvm): SIGKILL once c01 stored a repetition, the client VM up
+    beside it; `lab gc` removes both VMs (the client VM by its lease and marker, as a cell's)."""
+    sc.write(hosts='client = "vm"\nclient_vcpus = 1\nclient_memory_mib = 512\n')
+    before, rid = kill_when(
+        sc,
+        row,
+        "a stored repetition beside the client VM",
+        lambda: cell_state(sc.results, "c01")[2] >= 1 and qemu_pid(sc, f"lab-{run_id_of(sc.results)}-client1"),
+    )
+    if not qemu_pid(sc, f"lab-{rid}-client1"):
+        row.notes.append("the client VM was not up at the kill")
+    gc_and_count(sc, row, before, {rid})
+    ok, row.message = killed_run_reads_failed(sc.results, rid)
+    row.clear = ok and not any("traceback" in n for n in row.notes)
 
 
 def mid_workload(sc: Scenario, row: Row, inject, *, reps: int | None = None) -> None:
@@ -325,6 +342,7 @@ FAULTS = {
     "pve-lock-on-teardown": pve_lock_on_teardown,
     "libvirt-refuses-start": libvirt_refuses_start,
     "kill-then-resume": kill_then_resume,
+    "kill-with-client-vm": kill_with_client_vm,
     "foreign-resources": foreign_resources,
     "host-disappears": host_disappears,
     **{name: (lambda sc, row, name=name: pve_fault(sc, row, name)) for name in PVE_SHORT + PVE_LONG},
