@@ -154,6 +154,7 @@ warmup = 1
 target_ci_pct = 100.0
 max_repetitions = 6
 bare_metal = true
+quiet_host = "off"  # about rounds and adaptive n: a repetition flagged beside other tests would add one
 [suite.params.sysbench-cpu]
 time = 1
 threads = [1]
