@@ -64,10 +64,14 @@ class Eta:
         )
 
 
+def lane(lane_of: dict[str, str], cell) -> str:
+    """A cell's lane (lab.runner.lanes: `lane_of` a cell id's; else its host's)."""
+    return lane_of.get(cell.id, str(cell.host))
+
+
 def lanes_of(cells: list, lane_of: dict[str, str]) -> dict[str, int]:
-    """The run's lanes (lab.runner.lanes: `lane_of` a cell id's; else one per host) and how many
-    cells each has."""
-    return dict(Counter(lane_of.get(c.id, str(c.host)) for c in cells))
+    """The run's lanes and how many cells each has."""
+    return dict(Counter(lane(lane_of, c) for c in cells))
 
 
 class _EtaColumn(ProgressColumn):
@@ -117,14 +121,11 @@ class RichReporter:
             self.task = self.progress.add_task(run_id, total=len(cells), stage="")
             if len(lanes) > 1:
                 self.lane_tasks = {
-                    lane: self.progress.add_task(f"  {lane}", total=n, stage="") for lane, n in lanes.items()
+                    name: self.progress.add_task(f"  {name}", total=n, stage="") for name, n in lanes.items()
                 }
 
-    def _lane(self, cell) -> str:
-        return self.lane_of.get(cell.id, str(cell.host))
-
     def _show(self, cell, text):
-        task = self.lane_tasks.get(self._lane(cell), self.task)
+        task = self.lane_tasks.get(lane(self.lane_of, cell), self.task)
         self.progress.update(task, stage=text)
 
     def cell_started(self, cell, position, total):
@@ -137,12 +138,12 @@ class RichReporter:
 
     def cell_finished(self, cell, status, error):
         with self.lock:
-            lane = self._lane(cell)
-            self.eta.cell_ended(lane)
+            name = lane(self.lane_of, cell)
+            self.eta.cell_ended(name)
             self.progress.advance(self.task)
-            if lane in self.lane_tasks:
-                self.progress.advance(self.lane_tasks[lane])
-            where = f"{lane}: " if self.lane_tasks else ""
+            if name in self.lane_tasks:
+                self.progress.advance(self.lane_tasks[name])
+            where = f"{name}: " if self.lane_tasks else ""
             self.progress.console.print(
                 line(
                     f"  {where}{cell.id} {cell.label}: ",
@@ -169,7 +170,7 @@ class PlainReporter:
         self.lane_of: dict[str, str] = {}
 
     def _line(self, text, cell=None):
-        where = f"{self.lane_of.get(cell.id, cell.host)}: " if self.several and cell is not None else ""
+        where = f"{lane(self.lane_of, cell)}: " if self.several and cell is not None else ""
         with self.lock:
             err.print(f"[{duration(self.eta.elapsed())} elapsed, ETA {duration(self.eta.seconds())}] {where}{text}")
 
@@ -192,7 +193,7 @@ class PlainReporter:
 
     def cell_finished(self, cell, status, error):
         with self.lock:
-            self.eta.cell_ended(self.lane_of.get(cell.id, str(cell.host)))
+            self.eta.cell_ended(lane(self.lane_of, cell))
         self._line(f"  {cell.id} {status}" + (f": {error}" if error else ""), cell)
 
     def warn(self, message):
