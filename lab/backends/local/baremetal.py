@@ -26,10 +26,11 @@ from typing import Any
 
 from lab import images, proc, tuning
 from lab.backends.local import host, layout
-from lab.errors import LabError
+from lab.errors import LabError, TimeoutError_
 from lab.guest import HostGuest
 from lab.model import Vm
 from lab.osfacts import facts as os_facts
+from lab.wait import wait_until
 
 OS = "bare-metal"  # lab.osfacts entry of the bare-metal "guest"
 ADDRESS_BASE = 250  # <subnet>.250, .251, ...: above the VMs' .10-.249
@@ -85,6 +86,18 @@ class BareMetal:
             self.guest.argv(f"exec {shlex.quote(nginx)} -c {shlex.quote(str(conf))} -g 'daemon off;'"),
             env=self.guest.env,
         )
+        # Ready means its master has bound the ports and written its pid file (or it has died).
+        nginx_proc, pidfile = self.vm.handle["proc"], vmdir / "nginx.pid"
+        try:
+            wait_until(
+                lambda: pidfile.exists() or nginx_proc.poll() is not None,
+                timeout=60,
+                what="the bare-metal cell's nginx to write its pid file",
+            )
+        except TimeoutError_ as exc:
+            return f"nginx did not start: {exc}"
+        if nginx_proc.poll() is not None:
+            return f"nginx exited with status {nginx_proc.returncode} at start (see {vmdir / 'error.log'})"
         version = proc.run([nginx, "-v"], check=False, timeout=10)
         self.facts["nginx"] = (version.stderr or version.stdout).strip()
         return None
