@@ -19,7 +19,8 @@ times, the median over the last RECENT_RUNS finished runs on that host alone.
 
 Several hosts run at once, one lane each (lab.runner.lanes): each host's cells and overhead are its
 lane's time (Estimate.lanes), and the run takes the longest lane, unless the network workloads of
-every lane whose client is this machine, which take turns on it, add up to more (Estimate.client_s).
+the lanes sharing one client (this machine, or a client machine of client = "ssh:"), which take
+turns on it, add up to more (Estimate.client_s).
 A host with a client VM (client = "vm") adds that VM's clone, boot, SSH and teardown, as its cells'
 stages measured them, to its lane, and its network workloads take turns on that VM alone. A host with several
 lanes (slots, or places such as a cluster's nodes) divides its cells' time among them, but not the
@@ -43,7 +44,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from lab import backends, plan
+from lab import backends, clients, plan
 from lab.labconfig import LabConfig
 from lab.store import Store
 from lab.workloads import load_all
@@ -67,7 +68,7 @@ class Estimate:
     hosts: list[str]  # the hosts of the cells estimated
     # host -> its lane's time (lab.runner.lanes: the hosts run at once; `seconds` is the longest)
     lanes: dict[str, float] = field(default_factory=dict)
-    client_s: float = 0.0  # the network measurements of every lane, which take turns on the client
+    client_s: float = 0.0  # the busiest client's network measurements (lanes sharing it take turns)
 
     @property
     def basis(self) -> str:
@@ -223,7 +224,7 @@ def estimate(
     defaulted: list[str] = []
     lanes: dict[str, float] = {}  # the hosts run at once, one lane each (lab.runner.lanes)
     serial: dict[str, float] = {}  # what of a host's time its slots cannot overlap
-    client_s = 0.0  # network workloads of every lane: they take turns on the client (lab.runner.measure)
+    turns: dict[str, float] = {}  # client (lab.clients.turn_key) -> its network workloads: they take turns on it
     client_vm: dict[str, float] = {}  # host -> its client VM's making and teardown (client = "vm")
     for u in units:
         if u.id in dups:
@@ -256,8 +257,9 @@ def estimate(
             prepare = pick(got.prepare, name, PREPARE_DEFAULT_S, f"{name} prepare")
             per_boot += prepare + suite.warmup * warm
             measured_total += suite.repetitions * (quiet + rep)
-            if getattr(load_all()[name], "network", False) and cfg.hosts[u.host].client == "local":
-                client_s += boots * (prepare + suite.warmup * warm) + suite.repetitions * rep
+            if getattr(load_all()[name], "network", False):
+                key = clients.turn_key(u.host, cfg.hosts[u.host].client)
+                turns[key] = turns.get(key, 0.0) + boots * (prepare + suite.warmup * warm) + suite.repetitions * rep
         lanes[u.host] = lanes.get(u.host, 0.0) + boots * per_boot + measured_total
         if image is not None and cfg.hosts[u.host].client == "vm" and u.host not in client_vm:
             client_vm[u.host] = sum(pick(got.stages, s, STAGE_DEFAULTS_S[s], s) for s in CLIENT_VM_STAGES)
@@ -275,6 +277,8 @@ def estimate(
             spent = RUN_OVERHEAD_DEFAULT_S
         runs.setdefault(host, set()).update(spent_runs)
         lanes[host] = lanes.get(host, 0.0) + spent + client_vm.get(host, 0.0)
-    # the lanes run at once, but their network measurements one after the other: the longer of the two
+    # the lanes run at once, but the network measurements through one client one after the other:
+    # the longest of the two (a client of one lane alone never exceeds that lane)
+    client_s = max(turns.values(), default=0.0)
     seconds = max([*lanes.values(), client_s if len(lanes) > 1 else 0.0], default=0.0)
     return Estimate(seconds, {h: sorted(r) for h, r in runs.items() if r}, defaulted, hosts, lanes, client_s)

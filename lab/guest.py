@@ -20,7 +20,7 @@ class Guest:
         self,
         address: str,
         *,
-        key: Path,
+        key: Path | None,  # None: ssh's own choice (agent, ~/.ssh/id_*): a machine of the user's
         user: str = "root",
         port: int = 22,
         netns: str | None = None,
@@ -28,8 +28,10 @@ class Guest:
         control_dir: Path | None = None,
         os: str = "debian",
         known_hosts: str | None = None,
+        known_hosts_file: Path | None = None,  # the user's own file (a client machine), checked as strictly
     ):
-        self.address, self.user, self.port, self.key = address, user, port, Path(key)
+        self.address, self.user, self.port = address, user, port
+        self.key = Path(key) if key is not None else None
         self.netns, self.jump, self.os = netns, jump, os
         self._tmp = None
         if control_dir is None:
@@ -38,21 +40,18 @@ class Guest:
         self.control_path = Path(control_dir) / f"{address}-{port}.sock"
         # The guest's host keys (lab.images.known_hosts): OpenSSH refuses any other machine that
         # answers at this address. None: not checked.
-        self.known_hosts: Path | None = None
+        self.known_hosts: Path | None = known_hosts_file
         if known_hosts is not None:
             self.known_hosts = Path(control_dir) / f"{address}-{port}.known_hosts"
             self.known_hosts.write_text(known_hosts)
 
     def _ssh_options(self) -> list[str]:
         opts = [
-            "-i",
-            str(self.key),
+            *(["-i", str(self.key), "-o", "IdentitiesOnly=yes"] if self.key is not None else []),
             "-p",
             str(self.port),
             "-o",
             "BatchMode=yes",
-            "-o",
-            "IdentitiesOnly=yes",
             *(
                 ["-o", "StrictHostKeyChecking=yes", "-o", f"UserKnownHostsFile={self.known_hosts}"]
                 if self.known_hosts

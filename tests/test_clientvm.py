@@ -100,5 +100,6 @@ def test_workloads_that_need_this_machines_files_refuse_a_client_vm(fake_lab, wo
     text = str(exc.value)
     assert "hosts.a.client" in text and "'vm'" in text and f"workload {workload}" in text
     assert 'only with client = "local"' in text
-    with pytest.raises(ConfigError, match="hosts.a.client"):
-        write_lab(fake_lab, {"a": 'client = "ssh:me@there"'})
+    with pytest.raises(ConfigError, match="hosts.a.client") as exc:
+        write_lab(fake_lab, {"a": 'client = "ssh:me@there"'}, suite=f'workloads = ["{workload}"]')
+    assert "'ssh:me@there'" in str(exc.value) and f"workload {workload}" in str(exc.value)

@@ -233,7 +233,6 @@ def test_an_interrupt_in_the_main_thread_tears_every_lane_down(fake_lab):
 
     old = signal.signal(signal.SIGUSR1, handler)
     timer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGUSR1))
-    started = time.monotonic()
     try:
         timer.start()
         with pytest.raises(Interrupted):
@@ -241,11 +240,11 @@ def test_an_interrupt_in_the_main_thread_tears_every_lane_down(fake_lab):
     finally:
         timer.cancel()
         signal.signal(signal.SIGUSR1, old)
-    assert time.monotonic() - started < 5 * 0.2 + 1.5  # a lane's 5 cells take 1 s: stopped before
     assert fake.LIVE == {} and store.open_leases() == []
     assert not [t for t in threading.enumerate() if t.name.startswith("lane-")]
     status = by_status(store, "r1")
-    assert "running" not in status and status.get("pending")  # cells not started stay pending (resume)
+    # stopped at their next step, not run to the end: cells not started stay pending (resume)
+    assert "running" not in status and status.get("pending") and len(status.get("done", [])) < 4 * 5
     assert all(c.error.endswith("interrupted") for c in store.cells("r1") if c.status == "failed")
     assert store.run("r1").status == "interrupted"
 

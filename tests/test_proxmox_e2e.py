@@ -27,6 +27,7 @@ from lab import IMAGES_DIR, proc
 from lab.backends.local import QEMU
 from lab.backends.proxmox import ProxmoxBackend
 from lab.backends.proxmox.settings import Settings
+from lab.store import Store
 
 SUBNET = "10.98.4"
 
@@ -154,6 +155,91 @@ def test_lab_run_against_the_emulator_end_to_end(golden, pve_certs, pve_env, nod
         assert "pvetap" not in links, links
         assert list(workdir.iterdir()) == []
     finally:
+        for pid in _qemus_under(workdir):  # only if an assertion failed midway
+            os.kill(pid, 9)
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+@pytest.mark.vm
+@pytest.mark.image
+def test_lab_run_on_the_emulator_with_a_client_machine_over_ssh(
+    golden, pve_certs, pve_env, node_netns, tmp_path, monkeypatch
+):
+    """client = "ssh:root@MACHINE": a machine beside the node (a real sshd at .2 on the node's bridge)
+    runs iperf3's server and wrk for the PVE cell; its load is read over SSH and judged."""
+    from smartos_emulator.sshd import Sshd, ensure_sshd
+
+    why = ensure_sshd()
+    assert not why, why
+    machine = f"{SUBNET}.2"
+    proc.run(["ip", "-n", node_netns, "addr", "add", f"{machine}/24", "dev", "vmbr0"])
+    workdir = Path(tempfile.mkdtemp(prefix="pveq", dir="/var/tmp"))
+    sshd = Sshd(workdir / "machine", netns=node_netns, address=machine)
+    backing = QemuBacking(golden, netns=node_netns, workdir=workdir, key=IMAGES_DIR / "lab_key", subnet=SUBNET)
+    emu = PveEmulator("8.4", pve_certs, auth_delay=0.05, backing=backing)
+    emu.add_token(TOKEN_ID, TOKEN_SECRET, acl=FULL_ACL)
+    env = {"LAB_TEST_PVE_TOKEN": f"{TOKEN_ID}={TOKEN_SECRET}"}
+    try:
+        sshd.start()
+        with emu:
+            monkeypatch.setenv("LAB_TEST_PVE_TOKEN", env["LAB_TEST_PVE_TOKEN"])
+            settings = Settings(
+                backend="proxmox",
+                url=emu.url,
+                node="pve1",
+                token="env:LAB_TEST_PVE_TOKEN",
+                ca_file=str(pve_certs.ca_file),
+                storage="local-lvm",
+            )
+            assert ProxmoxBackend("pve", settings, pve_env).publish_image(golden) == "lab-debian12"
+            (tmp_path / "lab.toml").write_text(
+                textwrap.dedent(f"""
+                [lab]
+                results = "{tmp_path / "results"}"
+                {pve_host_table(emu.url, pve_certs.ca_file, node_netns)}
+                client = "ssh:root@{machine}"
+                client_identity = "{sshd.client_key}"
+                client_known_hosts = "{sshd.known_hosts}"
+                [matrix]
+                host = ["pve"]
+                nic = ["virtio"]
+                vcpus = [1]
+                memory_mib = [1024]
+                [suite]
+                workloads = ["iperf3-tcp", "http"]
+                repetitions = 1
+                warmup = 0
+                [suite.params.iperf3-tcp]
+                time = 3
+                directions = ["rx", "tx"]
+                [suite.params.http]
+                duration = 3
+                connections = [10]
+                """)
+            )
+            res = run_lab_cli("run", "-c", str(tmp_path / "lab.toml"), cwd=tmp_path, timeout=900, env=env)
+            assert res.returncode == 0, res.stderr[-3000:]
+            store = Store(tmp_path / "results")
+            (run,) = store.runs()
+            assert {c.status for c in store.cells(run.id)} == {"done"}
+            assert run.manifest["client_machines"] == {"pve": {"target": f"root@{machine}", "address": machine}}
+            samples = store.samples(run.id)
+            figures = {s.metric: round(s.value) for s in samples if s.labels.get("client")}
+            print(f"through the client machine over SSH: {figures}")
+            network = [s for s in samples if s.workload in ("iperf3-tcp", "http")]
+            assert {s.workload for s in network} == {"iperf3-tcp", "http"}
+            for s in network:  # its load read from its /proc/stat over SSH: this kernel's CPUs
+                load = s.labels["client_load"]
+                assert s.labels["client"] == f"ssh:root@{machine}" and load["placement"] == s.labels["client"]
+                assert load["cpus"] == os.cpu_count() and "shares_host" not in load
+            assert any(s.metric.startswith("throughput_mbit_s_rx") and s.value > 0 for s in network)
+            assert any(s.workload == "http" and s.metric.startswith("requests_per_s") and s.value > 0 for s in network)
+            raws = [raw for _, _, _, raw in store.raw_outputs(run.id) if raw.workload == "iperf3-tcp"]
+            assert raws and all(raw.params["client_address"] == machine for raw in raws)
+            assert store.open_leases() == [] and emu.vm_ids() == [] and emu.guests() == []
+        assert _qemus_under(workdir) == []
+    finally:
+        sshd.stop()
         for pid in _qemus_under(workdir):  # only if an assertion failed midway
             os.kill(pid, 9)
         shutil.rmtree(workdir, ignore_errors=True)

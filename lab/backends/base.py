@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from lab import images
+from lab import clients, images
 from lab.errors import SettingError, UsageError
 from lab.hostload import LoadWindow, UnknownWindow
 from lab.model import Client, CloneKind, DiskBus, ImageRef, NicModel, Owned, Vm, VmSpec
@@ -43,20 +43,32 @@ class HostSettings(BaseModel):
     # for time, up to what the backend runs at once (Capabilities.max_slots; lab.config checks).
     slots: int = Field(default=1, ge=1, le=64)
     # Where this host's load generators (iperf3, wrk, curl) run: "local", this machine (network
-    # measurements of different lanes take turns on it); or "vm", a VM the run clones on this host
+    # measurements of different lanes take turns on it); "vm", a VM the run clones on this host
     # from the golden image of its first cell, on its cells' network, destroyed with the run
     # (lab.runner.clientvm): the figures are the guest's NIC and the host's bridge, not the path
-    # from this machine to the host.
+    # from this machine to the host; or "ssh:USER@MACHINE", a machine of the user's reached over
+    # SSH (lab.runner.clientssh): hosts naming the same machine take turns on it.
     client: str = "local"
     client_vcpus: int = Field(default=2, ge=1, le=64)  # of the client VM (client = "vm")
     client_memory_mib: int = Field(default=1024, ge=256, le=1024 * 1024)
+    # client = "ssh:...": its SSH port, the private key (empty: ssh's own choice, agent or
+    # ~/.ssh/id_*), the known_hosts file its host key is checked against (strictly: an unknown
+    # key is refused, as TLS is verified), and its address as the cells' guests reach it (empty:
+    # MACHINE itself).
+    client_port: int = Field(default=22, ge=1, le=65535)
+    client_identity: str = ""
+    client_known_hosts: str = "~/.ssh/known_hosts"
+    client_machine_address: str = ""
 
     @field_validator("client")
     @classmethod
     def _client(cls, v: str) -> str:
-        if v not in ("local", "vm"):
-            raise ValueError('must be "local" (this machine) or "vm" (a client VM the run makes on the host)')
-        return v
+        if clients.valid(v):
+            return v
+        raise ValueError(
+            'must be "local" (this machine), "vm" (a client VM the run makes on the host) '
+            'or "ssh:USER@MACHINE" (a machine of yours, over SSH)'
+        )
 
     def problems(self) -> list[tuple[str, object, str]]:
         """Checks across keys: (key, value, problem) for each, first one reported."""
@@ -269,6 +281,11 @@ class Backend(abc.ABC):
 
     def lab_link(self, vm: Vm) -> Link | None:
         """The VM's link where the lab can reach it on the host (netem on the lab side), or None."""
+        return None
+
+    def outside_netns(self) -> str | None:
+        """The network namespace of this machine from which a client machine of this host
+        (client = "ssh:", lab.runner.clientssh) is reached; None: this machine's own."""
         return None
 
     def guest(self, vm: Vm, client: Client) -> Guest:

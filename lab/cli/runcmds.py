@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from lab import axes, backends, check, config, doctor, estimate, gc, hostinfo, plan, runner, schedule, wan
+from lab import axes, backends, check, clients, config, doctor, estimate, gc, hostinfo, plan, runner, schedule, wan
 from lab.cli import shapes
 from lab.cli.group import (
     RUN_ID,
@@ -130,12 +130,11 @@ def plan_cmd(config_path, check_hosts, as_json):
     }
     for h in cfg.matrix.host:
         hs = cfg.hosts[h]
-        if hs.client == "vm":
-            say(
-                f"host {h}: its load generators run in a client VM the run makes there ({hs.client_vcpus} vCPUs, "
-                f"{hs.client_memory_mib} MiB, virtio, from its first cell's image), destroyed with the run",
-                soft_wrap=True,
-            )
+        where = clients.describe(
+            h, hs.client, vcpus=hs.client_vcpus, memory_mib=hs.client_memory_mib, port=hs.client_port
+        )
+        if where:
+            say(where, soft_wrap=True)
     for h, mode in watch.items():
         say(
             f"host {h}: its load {words[mode]}"
@@ -184,13 +183,19 @@ def say_lanes(cfg: LabConfig, units: list[plan.Unit], dups: dict[str, str], est:
         what = f"{count.get(host, 0)} cells{lanes_at(cfg, host, at[host])}"
         say(f"  lane {host}: {what}, {duration(seconds)}", soft_wrap=True)
     network = [w for w in cfg.suite.workloads if getattr(load_all()[w], "network", False)]
-    sharing = [h for h in est.lanes if cfg.hosts[h].client == "local"]
-    if network and len(sharing) > 1:
-        say(
-            f"network measurements ({', '.join(network)}) of lanes {', '.join(sharing)} take turns on the "
-            "local client (never two at once through one client)",
-            soft_wrap=True,
-        )
+    sharing: dict[str, list[str]] = {}
+    for h in est.lanes:
+        sharing.setdefault(clients.turn_key(h, cfg.hosts[h].client), []).append(h)
+    for key, hosts_of in sharing.items():
+        if network and len(hosts_of) > 1:
+            machine = (
+                "local client" if key == clients.LOCAL else f"client machine {key.removeprefix(clients.SSH_PREFIX)}"
+            )
+            say(
+                f"network measurements ({', '.join(network)}) of lanes {', '.join(hosts_of)} take turns on the "
+                f"{machine} (never two at once through one client)",
+                soft_wrap=True,
+            )
     for host in est.lanes:
         if backends.capabilities(cfg.hosts[host]).local_host:
             say(

@@ -95,6 +95,9 @@ def print_show(store: Store, run: RunRow, everything: bool = False) -> None:
         )
     for host, vm in (run.manifest.get("client_vms") or {}).items():  # client = "vm" (lab.runner.clientvm)
         say(f"client VM of host {host}: {vm.get('name')} at {vm.get('address')} ran its load generators")
+    for host, machine in (run.manifest.get("client_machines") or {}).items():  # client = "ssh:"
+        target, address = machine.get("target"), machine.get("address")
+        say(f"client machine of host {host}: {target} at {address} ran its load generators")
     for c in cells:
         if c.status != "done":
             say(f"  {c.cell_id} {c.label}: ", styled(c.status, "red"), f" at {c.stage}: {c.error}" if c.error else "")

@@ -8,7 +8,7 @@ with `client_vcpus` and `client_memory_mib` and a virtio NIC, on the network its
 cell's VM it has a lease in the store and the lab's marker, so `lab gc` removes it after a crash.
 The host's network workloads run their load generators and servers in it over SSH (VmClient), the
 client load under their samples is its own /proc/stat (lab.clientload), it is the client of that
-host alone (its lock: `turn_key`), and it is destroyed when the run ends, after the cells.
+host alone (its lock: lab.clients.turn_key), and it is destroyed when the run ends, after the cells.
 """
 
 from __future__ import annotations
@@ -24,20 +24,13 @@ from lab.lifecycle import lease_expiry, shielded
 from lab.model import Client, ImageRef, NicModel, Vm, VmSpec
 from lab.store import Store
 
-LOCAL = "local"
-
-
-def turn_key(host: str, placement: str) -> str:
-    """The lock a network measurement of `host` holds (RunContext.client_locks): this machine's,
-    or the host's own client VM's."""
-    return LOCAL if placement == LOCAL else f"{placement}:{host}"
-
 
 @dataclass
 class VmClient:
-    """lab.model.Client in a client VM: every command over SSH to it (lab.guest)."""
+    """lab.model.Client on another machine (a client VM, or a machine of the user's with
+    client = "ssh:"): every command over SSH to it (lab.guest)."""
 
-    address: str  # the client VM's, as the cells see it
+    address: str  # the client machine's, as the cells see it
     guest: Any  # lab.guest.Guest of the client VM
     name: str
     netns: str | None = None  # nothing of this machine: the commands go through `guest`

@@ -31,11 +31,10 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from lab import clientload, flags, hostload, lifecycle, schedule
+from lab import clientload, clients, flags, hostload, lifecycle, schedule
 from lab.errors import LabError
 from lab.lifecycle import CellLife, Interrupted
 from lab.model import Client
-from lab.runner import clientvm
 from lab.runner.context import RunContext, workload_params
 from lab.store import Store
 from lab.workloads import WorkloadContext, load_all
@@ -81,13 +80,13 @@ def run_workloads(
         life.enter("workloads", f"{name}: prepare")
         placement = ctx.cfg.hosts[str(cell.host)].client
         network = getattr(wl, "network", False)
-        keys = ([clientvm.turn_key(str(cell.host), placement)] if network else []) + (
-            [clientvm.LOCAL] if on_this_machine else []
+        keys = ([clients.turn_key(str(cell.host), placement)] if network else []) + (
+            [clients.LOCAL] if on_this_machine else []
         )
         turn = client_turn(ctx, life, keys, name) if keys else contextlib.nullcontext
         client_labels = {"client": placement} if network else {}
         # a client VM is judged by its own vCPUs; this machine only when it is not the cell's host
-        judged = placement != clientvm.LOCAL or not on_this_machine
+        judged = placement != clients.LOCAL or not on_this_machine
         client_watch = ClientWatch(ctx, life, placement, client, judged=judged) if network else None
         started = lifecycle.clock()
         try:

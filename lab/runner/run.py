@@ -31,14 +31,14 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from lab import __version__, check, estimate, gc, hostinfo, images, plan, schedule
+from lab import __version__, check, clients, estimate, gc, hostinfo, images, plan, schedule
 from lab.backends import Backend, host_lanes
 from lab.errors import LabError, SettingError, TeardownError, UsageError
 from lab.labconfig import LabConfig
 from lab.lifecycle import Interrupted, Reporter, SilentReporter, shielded
 from lab.model import CellStatus, ImageRef
 from lab.runlock import RunLock, run_lock_path
-from lab.runner import clientvm, lanes
+from lab.runner import clientssh, lanes
 from lab.runner.cells import run_unit
 from lab.runner.clientvm import ClientVms
 from lab.runner.context import RunContext, workload_params
@@ -78,6 +78,8 @@ def prepare(cfg: LabConfig) -> tuple[list[plan.Unit], dict[str, ImageRef], dict[
         except SettingError as exc:
             raise check.located(cfg, host, exc) from None
         b.check_images([imgs[name] for name in sorted({c.image for c in vms})])
+        if clients.ssh_target(b.settings.client) is not None:
+            clientssh.check(cfg.source, host, b)
     return cells, imgs, backends
 
 
@@ -174,8 +176,9 @@ def _run_locked(
     dups = plan.equivalents(cfg, cells)
     ctx = RunContext(cfg, store, run_id, reporter, backends, duplicates=dups, seed=seed)
     client_vms = ClientVms(store, run_id, cfg.lab.lease_minutes, list(cfg.matrix.host))
+    client_machines = clientssh.SshClients()
     for host in backends:  # every client's lock exists before the lanes start
-        ctx.client_locks.setdefault(clientvm.turn_key(host, cfg.hosts[host].client), threading.Lock())
+        ctx.client_locks.setdefault(clients.turn_key(host, cfg.hosts[host].client), threading.Lock())
     interleaved = cfg.suite.order == "interleaved"
     n_rounds = len(plan.rounds(cfg.suite.repetitions, cfg.suite.repetitions_per_boot)) if interleaved else 1
     by_lane = lanes.split(ordered, {h: [n for n, _ in host_lanes(h, cfg.hosts[h])] for h in backends})
@@ -203,6 +206,10 @@ def _run_locked(
             made = client_vms.open(host, backend, ctx.clients[host], image)
             ctx.generators[host] = made
             manifest.setdefault("client_vms", {})[host] = {"name": made.name, "address": made.address}
+        elif clients.ssh_target(cfg.hosts[host].client) is not None:
+            machine = client_machines.open(host, backend)
+            ctx.generators[host] = machine
+            manifest.setdefault("client_machines", {})[host] = {"target": machine.name, "address": machine.address}
 
     def run_lane(ctx: RunContext, units: list[plan.Unit]) -> None:
         if interleaved:
@@ -234,6 +241,7 @@ def _run_locked(
     finally:
         with shielded():
             ctx.teardown_failures += client_vms.close_all()  # after the cells, before the hosts' run set-up
+            client_machines.close_all()
             for host, backend in backends.items():
                 try:
                     backend.close_run(run_id)

@@ -1,5 +1,6 @@
 """A real OpenSSH sshd in the test's network namespace, whose only login is the emulated global zone
-(ForceCommand gzsh.py). Root logs in with a key the test makes; the host key is the test's too, and
+(ForceCommand gzsh.py), or, without a `socket_path`, a plain root shell (a client machine of
+client = "ssh:", tests/test_clientssh*.py). Root logs in with a key the test makes; the host key is the test's too, and
 a known_hosts line for it is written, so the backend checks the host key as it would on a real host.
 
 Debian's openssh-server is installed if it is missing (services not started: a policy-rc.d
@@ -58,7 +59,9 @@ def ensure_sshd() -> str:
 
 
 class Sshd:
-    def __init__(self, workdir: Path, *, netns: str, address: str, socket_path: Path, port: int = 22):
+    def __init__(
+        self, workdir: Path, *, netns: str | None, address: str, socket_path: Path | None = None, port: int = 22
+    ):
         self.dir = Path(workdir) / "sshd"
         self.netns, self.address, self.port, self.socket_path = netns, address, port, socket_path
         self.client_key = self.dir / "root_key"
@@ -87,7 +90,8 @@ class Sshd:
         host_pub = (self.dir / "host_ed25519.pub").read_text().split()[:2]
         target = self.address if self.port == 22 else f"[{self.address}]:{self.port}"
         self.known_hosts.write_text(f"{target} {' '.join(host_pub)}\n")
-        force = f"{sys.executable} -S {GZSH} {self.socket_path}"  # -S: the standard library only, faster
+        # -S: the standard library only, faster
+        force = f"ForceCommand {sys.executable} -S {GZSH} {self.socket_path}" if self.socket_path else ""
         (self.dir / "sshd_config").write_text(
             "\n".join(
                 [
@@ -110,7 +114,7 @@ class Sshd:
                     "LogLevel ERROR",
                     "MaxStartups 100",
                     "MaxSessions 100",
-                    f"ForceCommand {force}",
+                    force,
                     "",
                 ]
             )
@@ -130,6 +134,10 @@ class Sshd:
         def listening() -> bool:
             if self.process.poll() is not None:
                 raise LabError(f"sshd exited ({self.process.returncode}): {(self.dir / 'sshd.log').read_text()[-500:]}")
+            if self.netns is not None:  # its banner, read inside the namespace
+                probe = f"exec 3<>/dev/tcp/{self.address}/{self.port} && head -c 4 <&3"
+                res = proc.run(["bash", "-c", probe], netns=self.netns, check=False, timeout=10)
+                return res.stdout == "SSH-"
             try:
                 with socket.create_connection((self.address, self.port), timeout=1) as s:
                     return s.recv(4) == b"SSH-"

@@ -182,6 +182,9 @@ class ProxmoxBackend(Backend):
         self._run_locks.acquire(run_id, what=f"the lock of run {run_id} on host {self.host_name!r}")
         return PlainClient(self.settings.client_address, self.settings.client_netns or None)
 
+    def outside_netns(self) -> str | None:
+        return self.settings.client_netns or None  # where this machine's SSH to the host's side goes
+
     def close_run(self, run_id: str) -> None:
         self._run_locks.release(run_id)
 
