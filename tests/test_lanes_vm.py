@@ -4,13 +4,18 @@ cells at the same time through `lab run`."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shutil
+import signal
+import subprocess
 import tempfile
 import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import leftovers, run_lab_cli
+from chaos_scenario import cell_state, run_id_of, wait_for
+from conftest import LAB, leftovers, run_lab_cli
 from pve_emulator import PveEmulator
 from pve_emulator.fixtures import FULL_ACL, TOKEN_ID, TOKEN_SECRET, pve_certs_fixture, pve_env_fixture  # noqa: F401
 from pve_emulator.qemu import QemuBacking
@@ -22,6 +27,7 @@ from lab.backends.proxmox.settings import Settings
 from lab.store import Store
 
 pytestmark = [pytest.mark.vm, pytest.mark.image]
+ENV = {"LAB_TEST_PVE_TOKEN": f"{TOKEN_ID}={TOKEN_SECRET}"}
 
 
 def union_s(spans: list[list[float]]) -> float:
@@ -50,26 +56,17 @@ def two_cells_at_once(results: Path, lanes: dict[str, list[str]], what: str):
     return run
 
 
-def test_local_and_two_pve_nodes_run_at_once_with_a_client_vm(
-    golden,
-    pve_certs,
-    pve_env,
-    node_netns,  # noqa: F811 - the fixture, imported above
-    workdir,
-    tmp_path,
-    monkeypatch,
-):
-    """Three lanes: the local backend, and the PVE emulator's nodes pve1 and pve2 (placement =
-    "spread": a lane per node), whose network measurements run in a client VM the run clones on
-    the cluster (client = "vm"). Each lane an idle cell and iperf3; all up at once."""
+@contextlib.contextmanager
+def cluster(golden, pve_certs, pve_env, netns: str, monkeypatch):
+    """The PVE emulator with nodes pve1 and pve2 backed by real QEMU, the golden template published
+    on shared (rbd) storage. Yields (emulator, its QEMUs' directory, the host table of `pve`)."""
     pve_dir = Path(tempfile.mkdtemp(prefix="pveq", dir="/var/tmp"))
-    backing = QemuBacking(golden, netns=node_netns, workdir=pve_dir, key=IMAGES_DIR / "lab_key", subnet=SUBNET)
+    backing = QemuBacking(golden, netns=netns, workdir=pve_dir, key=IMAGES_DIR / "lab_key", subnet=SUBNET)
     emu = PveEmulator("8.4", pve_certs, auth_delay=0.05, backing=backing)
     emu.add_token(TOKEN_ID, TOKEN_SECRET, acl=FULL_ACL)
-    env = {"LAB_TEST_PVE_TOKEN": f"{TOKEN_ID}={TOKEN_SECRET}"}
     try:
         with emu:
-            monkeypatch.setenv("LAB_TEST_PVE_TOKEN", env["LAB_TEST_PVE_TOKEN"])
+            monkeypatch.setenv("LAB_TEST_PVE_TOKEN", ENV["LAB_TEST_PVE_TOKEN"])
             # the template on shared storage, so that pve2 clones it too (PVE does not proxy an
             # upload to another node, so one template per node cannot be published through pve1)
             emu.add_storage("ceph", "rbd", {"images"}, shared=True)
@@ -82,89 +79,172 @@ def test_local_and_two_pve_nodes_run_at_once_with_a_client_vm(
                 storage="ceph",
             )
             ProxmoxBackend("pve", settings, pve_env).publish_image(golden)
-            (tmp_path / "lab.toml").write_text(
-                textwrap.dedent(f"""
-                [lab]
-                results = "{tmp_path / "results"}"
-                [hosts.local]
-                backend = "local"
-                workdir = "{workdir}"
-                boot_timeout = 300
-                """)
-                + pve_host_table(emu.url, pve_certs.ca_file, node_netns).replace('"local-lvm"', '"ceph"')
+            table = (
+                pve_host_table(emu.url, pve_certs.ca_file, netns).replace('"local-lvm"', '"ceph"')
                 + 'nodes = ["pve1", "pve2"]\nplacement = "spread"\nclient = "vm"\nclient_vcpus = 1\n'
                 + "client_memory_mib = 512\n"
-                + textwrap.dedent("""
-                [matrix]
-                host = ["local", "pve"]
-                nic = ["e1000", "virtio"]
-                vcpus = [1]
-                memory_mib = [768]
-                exclude = [{ host = "local", nic = "virtio" }]
-                [suite]
-                workloads = ["idle", "iperf3-tcp"]
-                repetitions = 2
-                warmup = 0
-                quiet_host = "record"
-                [suite.params.idle]
-                duration = 3
-                [suite.params.iperf3-tcp]
-                time = 2
-                directions = ["rx"]
-                """)
             )
-            plan = run_lab_cli("plan", "-c", str(tmp_path / "lab.toml"), cwd=tmp_path, env=env)
-            assert plan.returncode == 0, plan.stderr
-            text = " ".join(plan.stdout.split())
-            assert (
-                "lanes: 2 hosts at once" in text
-                and "lane pve: 2 cells, 2 at a time, one on each node (pve1, pve2)" in text
-            )
-            assert "host pve: its load generators run in a client VM the run makes there (1 vCPUs, 512 MiB" in text
-            res = run_lab_cli("run", "-c", str(tmp_path / "lab.toml"), cwd=tmp_path, timeout=1500, env=env)
-            assert res.returncode == 0, res.stderr[-3000:]
-            store = Store(tmp_path / "results")
-            (run,) = store.runs()
-            man = run.manifest
-            assert run.status == "done" and {c.status for c in store.cells(run.id)} == {"done"}
-            assert man["lanes"] == {"local": ["c01"], "pve@pve1": ["c03"], "pve@pve2": ["c04"]}
-            assert {c.cell_id: c.facts["node"] for c in store.cells(run.id) if c.cell_id != "c01"} == {
-                "c03": "pve1",
-                "c04": "pve2",
-            }
-            assert ["c03", "c04"] in man["overlaps"]  # the two nodes measured at once
-            # the local lane did not wait for the cluster's set-up (its client VM's boot) to start
-            spans = {cid: boots[0] for cid, boots in man["spans"].items()}
-            assert spans["c01"][0] < min(spans["c03"][0], spans["c04"][0])
-            wall = run.finished_at - run.started_at
-            cells_s = sum(b - a for a, b in spans.values())
-            print(f"three lanes: {cells_s:.1f} s of cells (and a client VM) in {wall:.1f} s of run")
-            assert wall < cells_s
-            client_vm = man["client_vms"]["pve"]
-            assert client_vm["name"] == f"lab-{run.id}-client2" and client_vm["address"].startswith(SUBNET + ".")
-            samples = store.samples(run.id)
-            by_cell = {s.cell_id: s for s in samples if s.metric == "throughput_mbit_s_rx"}  # iperf3-tcp's
-            assert set(by_cell) == {"c01", "c03", "c04"}
-            figures = ", ".join(f"{c} {s.value:.0f} ({s.labels['client']})" for c, s in by_cell.items())
-            print(f"iperf3 rx Mbit/s: {figures}")
-            assert by_cell["c01"].labels["client"] == "local"
-            for cid in ("c03", "c04"):  # through the client VM: its own vCPU, judged
-                labels = by_cell[cid].labels
-                assert labels["client"] == "vm"
-                assert labels["client_load"]["placement"] == "vm" and labels["client_load"]["cpus"] == 1
-            raws = [
-                raw for _, cid, _, raw in store.raw_outputs(run.id) if raw.workload == "iperf3-tcp" and cid != "c01"
-            ]
-            assert raws and all(raw.params["client_address"] == client_vm["address"] for raw in raws)
-            busy = {(s.cell_id, s.metric) for s in store.samples(run.id)}
-            assert {("c01", "cpu_busy_pct"), ("c03", "cpu_busy_pct"), ("c04", "cpu_busy_pct")} <= busy
-            assert ("c01", "host_vm_cpu_pct") in busy  # the local host's window of the idle repetition
-            lines = res.stderr.splitlines()
-            assert any("local:   c01 workloads" in line for line in lines)
-            assert any("pve@pve2:   c04 workloads" in line for line in lines)
-            assert store.open_leases() == []
-            assert emu.vm_ids() == [] and emu.guests() == []  # the client VM too
-        assert leftovers(workdir, run.id) == []
+            yield emu, pve_dir, table
         assert _qemus_under(pve_dir) == []
     finally:
+        for pid in _qemus_under(pve_dir):  # only if an assertion failed midway
+            os.kill(pid, 9)
         shutil.rmtree(pve_dir, ignore_errors=True)
+
+
+def write_toml(tmp_path: Path, workdir: Path, table: str, suite: str) -> Path:
+    """Three lanes: local (one e1000 cell), pve@pve1 and pve@pve2 (an e1000 and a virtio cell)."""
+    path = tmp_path / "lab.toml"
+    path.write_text(
+        textwrap.dedent(f"""
+        [lab]
+        results = "{tmp_path / "results"}"
+        [hosts.local]
+        backend = "local"
+        workdir = "{workdir}"
+        boot_timeout = 300
+        """)
+        + table
+        + textwrap.dedent("""
+        [matrix]
+        host = ["local", "pve"]
+        nic = ["e1000", "virtio"]
+        vcpus = [1]
+        memory_mib = [768]
+        exclude = [{ host = "local", nic = "virtio" }]
+        [suite]
+        """)
+        + textwrap.dedent(suite)
+    )
+    return path
+
+
+def test_local_and_two_pve_nodes_run_at_once_with_a_client_vm(
+    golden,
+    pve_certs,
+    pve_env,
+    node_netns,  # noqa: F811 - the fixture, imported above
+    workdir,
+    tmp_path,
+    monkeypatch,
+):
+    """Three lanes: the local backend, and the PVE emulator's nodes pve1 and pve2 (placement =
+    "spread": a lane per node), whose network measurements run in a client VM the run clones on
+    the cluster (client = "vm"). Each lane an idle cell and iperf3; all up at once."""
+    with cluster(golden, pve_certs, pve_env, node_netns, monkeypatch) as (emu, pve_dir, table):
+        write_toml(
+            tmp_path,
+            workdir,
+            table,
+            """
+            workloads = ["idle", "iperf3-tcp"]
+            repetitions = 2
+            warmup = 0
+            quiet_host = "record"
+            [suite.params.idle]
+            duration = 3
+            [suite.params.iperf3-tcp]
+            time = 2
+            directions = ["rx"]
+            """,
+        )
+        plan = run_lab_cli("plan", "-c", str(tmp_path / "lab.toml"), cwd=tmp_path, env=ENV)
+        assert plan.returncode == 0, plan.stderr
+        text = " ".join(plan.stdout.split())
+        assert (
+            "lanes: 2 hosts at once" in text and "lane pve: 2 cells, 2 at a time, one on each node (pve1, pve2)" in text
+        )
+        assert "host pve: its load generators run in a client VM the run makes there (1 vCPUs, 512 MiB" in text
+        res = run_lab_cli("run", "-c", str(tmp_path / "lab.toml"), cwd=tmp_path, timeout=1500, env=ENV)
+        assert res.returncode == 0, res.stderr[-3000:]
+        store = Store(tmp_path / "results")
+        (run,) = store.runs()
+        man = run.manifest
+        assert run.status == "done" and {c.status for c in store.cells(run.id)} == {"done"}
+        assert man["lanes"] == {"local": ["c01"], "pve@pve1": ["c03"], "pve@pve2": ["c04"]}
+        assert {c.cell_id: c.facts["node"] for c in store.cells(run.id) if c.cell_id != "c01"} == {
+            "c03": "pve1",
+            "c04": "pve2",
+        }
+        assert ["c03", "c04"] in man["overlaps"]  # the two nodes measured at once
+        # the local lane did not wait for the cluster's set-up (its client VM's boot) to start
+        spans = {cid: boots[0] for cid, boots in man["spans"].items()}
+        assert spans["c01"][0] < min(spans["c03"][0], spans["c04"][0])
+        wall = run.finished_at - run.started_at
+        cells_s = sum(b - a for a, b in spans.values())
+        print(f"three lanes: {cells_s:.1f} s of cells (and a client VM) in {wall:.1f} s of run")
+        assert wall < cells_s
+        client_vm = man["client_vms"]["pve"]
+        assert client_vm["name"] == f"lab-{run.id}-client2" and client_vm["address"].startswith(SUBNET + ".")
+        samples = store.samples(run.id)
+        by_cell = {s.cell_id: s for s in samples if s.metric == "throughput_mbit_s_rx"}  # iperf3-tcp's
+        assert set(by_cell) == {"c01", "c03", "c04"}
+        figures = ", ".join(f"{c} {s.value:.0f} ({s.labels['client']})" for c, s in by_cell.items())
+        print(f"iperf3 rx Mbit/s: {figures}")
+        assert by_cell["c01"].labels["client"] == "local"
+        for cid in ("c03", "c04"):  # through the client VM: its own vCPU, judged
+            labels = by_cell[cid].labels
+            assert labels["client"] == "vm"
+            assert labels["client_load"]["placement"] == "vm" and labels["client_load"]["cpus"] == 1
+        raws = [raw for _, cid, _, raw in store.raw_outputs(run.id) if raw.workload == "iperf3-tcp" and cid != "c01"]
+        assert raws and all(raw.params["client_address"] == client_vm["address"] for raw in raws)
+        busy = {(s.cell_id, s.metric) for s in store.samples(run.id)}
+        assert {("c01", "cpu_busy_pct"), ("c03", "cpu_busy_pct"), ("c04", "cpu_busy_pct")} <= busy
+        assert ("c01", "host_vm_cpu_pct") in busy  # the local host's window of the idle repetition
+        lines = res.stderr.splitlines()
+        assert any("local:   c01 workloads" in line for line in lines)
+        assert any("pve@pve2:   c04 workloads" in line for line in lines)
+        assert store.open_leases() == []
+        assert emu.vm_ids() == [] and emu.guests() == []  # the client VM too
+    assert leftovers(workdir, run.id) == []
+
+
+def test_a_run_of_three_lanes_killed_with_9_then_gc_leaves_nothing_on_any_host(
+    golden,
+    pve_certs,
+    pve_env,
+    node_netns,  # noqa: F811 - the fixture, imported above
+    workdir,
+    tmp_path,
+    monkeypatch,
+):
+    """SIGKILL of `lab run` (it alone: its QEMUs and the cluster's VMs live on) while every lane
+    has a cell up and the cluster's client VM runs; then `lab gc` removes all of it, on the local
+    host and on both nodes, and the run reads failed."""
+    with cluster(golden, pve_certs, pve_env, node_netns, monkeypatch) as (emu, _, table):
+        # idle cells long enough that all three are up at once when the kill comes
+        write_toml(
+            tmp_path,
+            workdir,
+            table,
+            'workloads = ["idle"]\nrepetitions = 3\nwarmup = 0\n[suite.params.idle]\nduration = 20\n',
+        )
+        results = tmp_path / "results"
+        with open(tmp_path / "run.stderr", "w") as err:
+            p = subprocess.Popen(
+                [*LAB, "run", "-c", str(tmp_path / "lab.toml")],
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+                cwd=tmp_path,
+                env={**os.environ, **ENV},
+            )
+        try:
+            wait_for(
+                "a cell of every lane in its workloads",
+                lambda: all(cell_state(results, c)[1] == "workloads" for c in ("c01", "c03", "c04")),
+                p,
+                timeout=900,
+            )
+            rid = run_id_of(results)
+            up = len(emu.vm_ids())
+            p.send_signal(signal.SIGKILL)
+        finally:
+            p.wait(timeout=60)
+        assert up == 3  # c03, c04 and the client VM on the cluster
+        assert [n for n in leftovers(workdir, rid) if "c01" in n]  # and c01 here, before gc
+        gc = run_lab_cli("gc", "-c", str(tmp_path / "lab.toml"), cwd=tmp_path, env=ENV, timeout=600)
+        assert gc.returncode == 0, gc.stdout + gc.stderr
+        print(f"gc after kill -9 of three lanes: {' '.join(gc.stdout.split())}")
+        assert emu.vm_ids() == [] and emu.guests() == [] and leftovers(workdir, rid) == []
+        store = Store(results)
+        assert store.open_leases() == [] and store.run(rid).status == "failed"

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lab.errors import LabError
-from lab.lifecycle import Interrupted
+from lab.lifecycle import Interrupted, shielded
 from lab.model import CellStatus
 from lab.runner.context import RunContext
 
@@ -105,6 +105,9 @@ class Lane:
     ended: str = ""  # why the lane ended before its cells did (its host lost)
     failure: BaseException | None = None  # anything else out of the lane: re-raised in the main thread
     thread: threading.Thread | None = field(default=None, repr=False)
+    # set by the lane's thread as it ends. Waited on instead of Thread.join: on Python 3.11 a join
+    # interrupted by a signal handler's exception can mark a live thread stopped (CPython gh-90882)
+    done: threading.Event = field(default_factory=threading.Event, repr=False)
 
 
 def run_lanes(
@@ -127,21 +130,27 @@ def run_lanes(
         for name, units in lanes.items()
     ]
     open_once = OpenOnce(open_host, {host_of(name) for name in lanes})
-    for lane in running:
-        lane.thread = threading.Thread(
-            target=_lane_main, args=(lane, open_once, run_units), name=f"lane-{lane.name}", daemon=True
-        )
-        lane.thread.start()
     interrupted: Interrupted | None = None
-    while any(lane.thread.is_alive() for lane in running if lane.thread):
-        try:
+    # Started with SIGINT/SIGTERM held: the lanes inherit the mask, so those signals reach this
+    # thread alone (where Interrupted is raised), and none arrives half-way through the starting.
+    with shielded():
+        for lane in running:
+            lane.thread = threading.Thread(
+                target=_lane_main, args=(lane, open_once, run_units), name=f"lane-{lane.name}", daemon=True
+            )
+            lane.thread.start()
+    while True:
+        try:  # all of the waiting inside the try: an interrupt anywhere in it never leaves a lane running
             for lane in running:
-                while lane.thread and lane.thread.is_alive():
-                    lane.thread.join(JOIN_POLL_S)
-        except Interrupted as exc:
-            # the lanes stop at their next step and tear down; the wait goes on until they have
+                while not lane.done.wait(JOIN_POLL_S):
+                    pass
+            break
+        except Interrupted as exc:  # the lanes stop at their next step and tear down; the wait goes on
             interrupted = interrupted or exc
             ctx.cancel.set()
+    for lane in running:
+        if lane.thread is not None:
+            lane.thread.join()  # ended already: its last bytecodes
     _merge(ctx, running)
     if interrupted is not None:
         raise interrupted
@@ -187,6 +196,8 @@ def _lane_main(lane: Lane, open_host: OpenOnce, run_units: Callable[[RunContext,
     except BaseException as exc:  # a bug in one lane: the others end, the main thread raises it
         lane.failure = exc
         ctx.cancel.set()
+    finally:
+        lane.done.set()
 
 
 class HostLost(LabError):
