@@ -217,7 +217,7 @@ def test_a_run_of_three_lanes_killed_with_9_then_gc_leaves_nothing_on_any_host(
             tmp_path,
             workdir,
             table,
-            'workloads = ["idle"]\nrepetitions = 3\nwarmup = 0\n[suite.params.idle]\nduration = 20\n',
+            'workloads = ["idle"]\nrepetitions = 8\nwarmup = 0\n[suite.params.idle]\nduration = 20\n',
         )
         results = tmp_path / "results"
         with open(tmp_path / "run.stderr", "w") as err:
@@ -231,7 +231,7 @@ def test_a_run_of_three_lanes_killed_with_9_then_gc_leaves_nothing_on_any_host(
         try:
             wait_for(
                 "a cell of every lane in its workloads",
-                lambda: all(cell_state(results, c)[1] == "workloads" for c in ("c01", "c03", "c04")),
+                lambda: all(cell_state(results, c)[:2] == ("running", "workloads") for c in ("c01", "c03", "c04")),
                 p,
                 timeout=900,
             )
