@@ -86,7 +86,7 @@ def _parse_host(name: str, table: Any, source: str) -> HostSettings:
         settings = backends.settings_model(kind).model_validate(table, context={"base_dir": base_dir(source)})
     except ValidationError as exc:
         raise _config_error(exc, table, source, ("hosts", name)) from None
-    for key, value, problem in settings.problems():
+    for key, value, problem in settings.problems() + settings.client_problems():
         raise ConfigError(source, f"hosts.{name}.{key}", value, problem)
     caps = backends.capabilities(settings)
     if settings.slots > caps.max_slots:

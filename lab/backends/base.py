@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from lab import clients, images
 from lab.errors import SettingError, UsageError
@@ -70,9 +70,35 @@ class HostSettings(BaseModel):
             'or "ssh:USER@MACHINE" (a machine of yours, over SSH)'
         )
 
+    @field_validator("client_identity", "client_known_hosts")
+    @classmethod
+    def _client_file(cls, v: str, info: ValidationInfo) -> str:
+        if not v:
+            return v
+        path = Path(v).expanduser()
+        if not path.is_absolute():  # relative to lab.toml's folder (lab.config passes it)
+            path = Path((info.context or {}).get("base_dir") or Path.cwd()) / path
+        if info.field_name == "client_identity" and not path.is_file():
+            raise ValueError(f"no such file: {path} (the private key to log in to the client machine with)")
+        return str(path)
+
     def problems(self) -> list[tuple[str, object, str]]:
         """Checks across keys: (key, value, problem) for each, first one reported."""
         return []
+
+    def client_problems(self) -> list[tuple[str, object, str]]:
+        """Keys of a client placement this host does not have: given by mistake, said, not ignored."""
+        unused = set()
+        if clients.ssh_target(self.client) is None:
+            unused |= {"client_port", "client_identity", "client_known_hosts", "client_machine_address"}
+        if self.client != clients.VM:
+            unused |= {"client_vcpus", "client_memory_mib"}
+        ssh = 'client = "ssh:USER@MACHINE"'
+        wanted = {"client_vcpus": 'client = "vm"', "client_memory_mib": 'client = "vm"'}
+        return [
+            (key, getattr(self, key), f"is used only with {wanted.get(key, ssh)}")
+            for key in sorted(self.model_fields_set & unused)
+        ]
 
 
 class NotSupported(UsageError):
