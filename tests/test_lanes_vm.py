@@ -1,6 +1,7 @@
 """Lanes for real: the local backend and two nodes of the PVE emulator (real QEMU guests of the golden
 image in a namespace of their own, the cluster's load generators in a client VM on it) run their
-cells at the same time through `lab run`."""
+cells at the same time through `lab run`; with a libvirt qemu:///system host as a fourth lane, a
+run killed with -9 and `lab gc` leave nothing on any of them."""
 
 from __future__ import annotations
 
@@ -15,10 +16,11 @@ from pathlib import Path
 
 import pytest
 from chaos_scenario import cell_state, run_id_of, wait_for
-from conftest import LAB, leftovers, run_lab_cli
+from conftest import LAB, LIBVIRT_URI, leftovers, run_lab_cli
 from pve_emulator import PveEmulator
 from pve_emulator.fixtures import FULL_ACL, TOKEN_ID, TOKEN_SECRET, pve_certs_fixture, pve_env_fixture  # noqa: F401
 from pve_emulator.qemu import QemuBacking
+from test_libvirt_e2e import QEMU_SETTINGS, lab_bridge, leftovers as libvirt_leftovers, virsh_names  # noqa: F401
 from test_proxmox_e2e import SUBNET, _qemus_under, node_netns, pve_host_table  # noqa: F401
 
 from lab import IMAGES_DIR
@@ -92,8 +94,9 @@ def cluster(golden, pve_certs, pve_env, netns: str, monkeypatch):
         shutil.rmtree(pve_dir, ignore_errors=True)
 
 
-def write_toml(tmp_path: Path, workdir: Path, table: str, suite: str) -> Path:
-    """Three lanes: local (one e1000 cell), pve@pve1 and pve@pve2 (an e1000 and a virtio cell)."""
+def write_toml(tmp_path: Path, workdir: Path, table: str, suite: str, kvm: str = "") -> Path:
+    """Three lanes: local (one e1000 cell), pve@pve1 and pve@pve2 (an e1000 and a virtio cell); a
+    fourth with `kvm`, the table of a libvirt host (one e1000 cell: c03, the cluster's c05 and c06)."""
     path = tmp_path / "lab.toml"
     path.write_text(
         textwrap.dedent(f"""
@@ -105,13 +108,14 @@ def write_toml(tmp_path: Path, workdir: Path, table: str, suite: str) -> Path:
         boot_timeout = 300
         """)
         + table
-        + textwrap.dedent("""
+        + kvm
+        + textwrap.dedent(f"""
         [matrix]
-        host = ["local", "pve"]
+        host = ["local", {'"kvm", ' if kvm else ""}"pve"]
         nic = ["e1000", "virtio"]
         vcpus = [1]
         memory_mib = [768]
-        exclude = [{ host = "local", nic = "virtio" }]
+        exclude = [{{ host = "local", nic = "virtio" }}{', { host = "kvm", nic = "virtio" }' if kvm else ""}]
         [suite]
         """)
         + textwrap.dedent(suite)
@@ -199,25 +203,44 @@ def test_local_and_two_pve_nodes_run_at_once_with_a_client_vm(
     assert leftovers(workdir, run.id) == []
 
 
-def test_a_run_of_three_lanes_killed_with_9_then_gc_leaves_nothing_on_any_host(
+@pytest.mark.xdist_group("libvirt-qemu-system")  # the libvirtd fixture's worker
+def test_a_run_of_four_lanes_killed_with_9_then_gc_leaves_nothing_on_any_host(
     golden,
     pve_certs,
     pve_env,
     node_netns,  # noqa: F811 - the fixture, imported above
+    libvirtd,
+    lab_bridge,  # noqa: F811 - the fixture, imported above
     workdir,
     tmp_path,
     monkeypatch,
 ):
-    """SIGKILL of `lab run` (it alone: its QEMUs and the cluster's VMs live on) while every lane
-    has a cell up and the cluster's client VM runs; then `lab gc` removes all of it, on the local
-    host and on both nodes, and the run reads failed."""
+    """Four lanes: local, a libvirt qemu:///system host and the PVE emulator's two nodes with a
+    client VM. SIGKILL of `lab run` (it alone: its QEMUs, libvirt's domain and the cluster's VMs
+    live on) while every lane has a cell in its workloads; then `lab gc` removes all of it, on
+    every host, and the run reads failed."""
+    bridge, n = lab_bridge
+    kvm = textwrap.dedent(f"""
+        [hosts.kvm]
+        backend = "libvirt"
+        uri = "{LIBVIRT_URI}"
+        dir = "{workdir / "disks"}"
+        bridge = "{bridge}"
+        subnet = "10.78.{n}.0/24"
+        client_address = "10.78.{n}.1"
+        dac_label = "{QEMU_SETTINGS["dac_label"]}"
+        bios = "{QEMU_SETTINGS["bios"]}"
+        boot_timeout = 600
+        """)
     with cluster(golden, pve_certs, pve_env, node_netns, monkeypatch) as (emu, _, table):
-        # idle cells long enough that all three are up at once when the kill comes
+        # idle cells long enough that all four are up at once when the kill comes
         write_toml(
             tmp_path,
             workdir,
             table,
-            'workloads = ["idle"]\nrepetitions = 8\nwarmup = 0\n[suite.params.idle]\nduration = 20\n',
+            'workloads = ["idle"]\nrepetitions = 20\nwarmup = 0\nquiet_host = "record"\n'
+            "[suite.params.idle]\nduration = 20\n",
+            kvm,
         )
         results = tmp_path / "results"
         with open(tmp_path / "run.stderr", "w") as err:
@@ -228,23 +251,26 @@ def test_a_run_of_three_lanes_killed_with_9_then_gc_leaves_nothing_on_any_host(
                 cwd=tmp_path,
                 env={**os.environ, **ENV},
             )
+        cells = ("c01", "c03", "c05", "c06")
         try:
             wait_for(
                 "a cell of every lane in its workloads",
-                lambda: all(cell_state(results, c)[:2] == ("running", "workloads") for c in ("c01", "c03", "c04")),
+                lambda: all(cell_state(results, c)[:2] == ("running", "workloads") for c in cells),
                 p,
-                timeout=900,
+                timeout=1200,
             )
             rid = run_id_of(results)
             up = len(emu.vm_ids())
             p.send_signal(signal.SIGKILL)
         finally:
             p.wait(timeout=60)
-        assert up == 3  # c03, c04 and the client VM on the cluster
-        assert [n for n in leftovers(workdir, rid) if "c01" in n]  # and c01 here, before gc
+        assert up == 3  # c05, c06 and the client VM on the cluster
+        assert [x for x in leftovers(workdir, rid) if "c01" in x]  # c01 here, before gc
+        assert f"lab-{rid}-c03" in virsh_names()  # and c03 in libvirt
         gc = run_lab_cli("gc", "-c", str(tmp_path / "lab.toml"), cwd=tmp_path, env=ENV, timeout=600)
         assert gc.returncode == 0, gc.stdout + gc.stderr
-        print(f"gc after kill -9 of three lanes: {' '.join(gc.stdout.split())}")
+        print(f"gc after kill -9 of four lanes: {' '.join(gc.stdout.split())}")
         assert emu.vm_ids() == [] and emu.guests() == [] and leftovers(workdir, rid) == []
+        assert libvirt_leftovers(rid, workdir, bridge) == []
         store = Store(results)
         assert store.open_leases() == [] and store.run(rid).status == "failed"
