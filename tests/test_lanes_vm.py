@@ -1,7 +1,8 @@
-"""Lanes for real: the local backend and two nodes of the PVE emulator (real QEMU guests of the golden
-image in a namespace of their own, the cluster's load generators in a client VM on it) run their
-cells at the same time through `lab run`; with a libvirt qemu:///system host as a fourth lane, a
-run killed with -9 and `lab gc` leave nothing on any of them."""
+"""Lanes for real: the local backend, a libvirt qemu:///system host and two nodes of the PVE
+emulator (real QEMU guests of the golden image in a namespace of their own, the cluster's load
+generators in a client VM on it) run their cells at the same time through `lab run`, in at most
+half the time of their cells one after the other; a run of the same four lanes killed with -9,
+then `lab gc`, leaves nothing on any of them."""
 
 from __future__ import annotations
 
@@ -123,18 +124,39 @@ def write_toml(tmp_path: Path, workdir: Path, table: str, suite: str, kvm: str =
     return path
 
 
-def test_local_and_two_pve_nodes_run_at_once_with_a_client_vm(
+def kvm_table(workdir: Path, bridge: str, n: int) -> str:
+    """[hosts.kvm]: libvirt's qemu:///system, its guests on the test's bridge 10.78.<n>.0/24."""
+    return textwrap.dedent(f"""
+        [hosts.kvm]
+        backend = "libvirt"
+        uri = "{LIBVIRT_URI}"
+        dir = "{workdir / "disks"}"
+        bridge = "{bridge}"
+        subnet = "10.78.{n}.0/24"
+        client_address = "10.78.{n}.1"
+        dac_label = "{QEMU_SETTINGS["dac_label"]}"
+        bios = "{QEMU_SETTINGS["bios"]}"
+        boot_timeout = 600
+        """)
+
+
+@pytest.mark.xdist_group("libvirt-qemu-system")  # the libvirtd fixture's worker
+def test_local_libvirt_and_two_pve_nodes_run_at_once_with_a_client_vm(
     golden,
     pve_certs,
     pve_env,
     node_netns,  # noqa: F811 - the fixture, imported above
+    libvirtd,
+    lab_bridge,  # noqa: F811 - the fixture, imported above
     workdir,
     tmp_path,
     monkeypatch,
 ):
-    """Three lanes: the local backend, and the PVE emulator's nodes pve1 and pve2 (placement =
-    "spread": a lane per node), whose network measurements run in a client VM the run clones on
-    the cluster (client = "vm"). Each lane an idle cell and iperf3; all up at once."""
+    """Four lanes: the local backend, a libvirt qemu:///system host, and the PVE emulator's nodes
+    pve1 and pve2 (placement = "spread": a lane per node), whose network measurements run in a
+    client VM the run clones on the cluster (client = "vm"). Each lane an idle cell and iperf3; all
+    up at once, the run in at most half the time of its cells one after the other."""
+    bridge, n = lab_bridge
     with cluster(golden, pve_certs, pve_env, node_netns, monkeypatch) as (emu, pve_dir, table):
         write_toml(
             tmp_path,
@@ -146,18 +168,19 @@ def test_local_and_two_pve_nodes_run_at_once_with_a_client_vm(
             warmup = 0
             quiet_host = "record"
             [suite.params.idle]
-            duration = 3
+            duration = 10
             [suite.params.iperf3-tcp]
             time = 2
             directions = ["rx"]
             """,
+            kvm_table(workdir, bridge, n),
         )
         plan = run_lab_cli("plan", "-c", str(tmp_path / "lab.toml"), cwd=tmp_path, env=ENV)
         assert plan.returncode == 0, plan.stderr
         text = " ".join(plan.stdout.split())
-        assert (
-            "lanes: 2 hosts at once" in text and "lane pve: 2 cells, 2 at a time, one on each node (pve1, pve2)" in text
-        )
+        assert "lanes: 3 hosts at once" in text, text
+        assert "lane pve: 2 cells, 2 at a time, one on each node (pve1, pve2)" in text
+        assert "network measurements (iperf3-tcp) of lanes local, kvm take turns on the local client" in text
         assert "host pve: its load generators run in a client VM the run makes there (1 vCPUs, 512 MiB" in text
         res = run_lab_cli("run", "-c", str(tmp_path / "lab.toml"), cwd=tmp_path, timeout=1500, env=ENV)
         assert res.returncode == 0, res.stderr[-3000:]
@@ -165,42 +188,47 @@ def test_local_and_two_pve_nodes_run_at_once_with_a_client_vm(
         (run,) = store.runs()
         man = run.manifest
         assert run.status == "done" and {c.status for c in store.cells(run.id)} == {"done"}
-        assert man["lanes"] == {"local": ["c01"], "pve@pve1": ["c03"], "pve@pve2": ["c04"]}
-        assert {c.cell_id: c.facts["node"] for c in store.cells(run.id) if c.cell_id != "c01"} == {
-            "c03": "pve1",
-            "c04": "pve2",
+        assert man["lanes"] == {"local": ["c01"], "kvm": ["c03"], "pve@pve1": ["c05"], "pve@pve2": ["c06"]}
+        assert {c.cell_id: c.facts["node"] for c in store.cells(run.id) if c.cell_id in ("c05", "c06")} == {
+            "c05": "pve1",
+            "c06": "pve2",
         }
-        assert ["c03", "c04"] in man["overlaps"]  # the two nodes measured at once
-        # the local lane did not wait for the cluster's set-up (its client VM's boot) to start
+        assert ["c05", "c06"] in man["overlaps"]  # the two nodes measured at once
+        assert ["c01", "c03"] in man["overlaps"]  # local and libvirt too
+        # the local and libvirt lanes did not wait for the cluster's set-up (its client VM's boot)
         spans = {cid: boots[0] for cid, boots in man["spans"].items()}
-        assert spans["c01"][0] < min(spans["c03"][0], spans["c04"][0])
+        assert max(spans["c01"][0], spans["c03"][0]) < min(spans["c05"][0], spans["c06"][0])
         wall = run.finished_at - run.started_at
         cells_s = sum(b - a for a, b in spans.values())
-        print(f"three lanes: {cells_s:.1f} s of cells (and a client VM) in {wall:.1f} s of run")
-        assert wall < cells_s
+        print(f"four lanes: {cells_s:.1f} s of cells (and a client VM) in {wall:.1f} s of run ({wall / cells_s:.2f})")
+        assert wall <= 0.5 * cells_s
         client_vm = man["client_vms"]["pve"]
-        assert client_vm["name"] == f"lab-{run.id}-client2" and client_vm["address"].startswith(SUBNET + ".")
+        assert client_vm["name"] == f"lab-{run.id}-client3" and client_vm["address"].startswith(SUBNET + ".")
         samples = store.samples(run.id)
         by_cell = {s.cell_id: s for s in samples if s.metric == "throughput_mbit_s_rx"}  # iperf3-tcp's
-        assert set(by_cell) == {"c01", "c03", "c04"}
+        assert set(by_cell) == {"c01", "c03", "c05", "c06"}
         figures = ", ".join(f"{c} {s.value:.0f} ({s.labels['client']})" for c, s in by_cell.items())
         print(f"iperf3 rx Mbit/s: {figures}")
-        assert by_cell["c01"].labels["client"] == "local"
-        for cid in ("c03", "c04"):  # through the client VM: its own vCPU, judged
+        assert by_cell["c01"].labels["client"] == by_cell["c03"].labels["client"] == "local"
+        for cid in ("c05", "c06"):  # through the client VM: its own vCPU, judged
             labels = by_cell[cid].labels
             assert labels["client"] == "vm"
             assert labels["client_load"]["placement"] == "vm" and labels["client_load"]["cpus"] == 1
-        raws = [raw for _, cid, _, raw in store.raw_outputs(run.id) if raw.workload == "iperf3-tcp" and cid != "c01"]
+        raws = [
+            raw
+            for _, cid, _, raw in store.raw_outputs(run.id)
+            if raw.workload == "iperf3-tcp" and cid in ("c05", "c06")
+        ]
         assert raws and all(raw.params["client_address"] == client_vm["address"] for raw in raws)
         busy = {(s.cell_id, s.metric) for s in store.samples(run.id)}
-        assert {("c01", "cpu_busy_pct"), ("c03", "cpu_busy_pct"), ("c04", "cpu_busy_pct")} <= busy
+        assert {(c, "cpu_busy_pct") for c in ("c01", "c03", "c05", "c06")} <= busy
         assert ("c01", "host_vm_cpu_pct") in busy  # the local host's window of the idle repetition
         lines = res.stderr.splitlines()
         assert any("local:   c01 workloads" in line for line in lines)
-        assert any("pve@pve2:   c04 workloads" in line for line in lines)
+        assert any("pve@pve2:   c06 workloads" in line for line in lines)
         assert store.open_leases() == []
         assert emu.vm_ids() == [] and emu.guests() == []  # the client VM too
-    assert leftovers(workdir, run.id) == []
+    assert leftovers(workdir, run.id) == [] and libvirt_leftovers(run.id, workdir, bridge) == []
 
 
 @pytest.mark.xdist_group("libvirt-qemu-system")  # the libvirtd fixture's worker
@@ -220,18 +248,7 @@ def test_a_run_of_four_lanes_killed_with_9_then_gc_leaves_nothing_on_any_host(
     live on) while every lane has a cell in its workloads; then `lab gc` removes all of it, on
     every host, and the run reads failed."""
     bridge, n = lab_bridge
-    kvm = textwrap.dedent(f"""
-        [hosts.kvm]
-        backend = "libvirt"
-        uri = "{LIBVIRT_URI}"
-        dir = "{workdir / "disks"}"
-        bridge = "{bridge}"
-        subnet = "10.78.{n}.0/24"
-        client_address = "10.78.{n}.1"
-        dac_label = "{QEMU_SETTINGS["dac_label"]}"
-        bios = "{QEMU_SETTINGS["bios"]}"
-        boot_timeout = 600
-        """)
+    kvm = kvm_table(workdir, bridge, n)
     with cluster(golden, pve_certs, pve_env, node_netns, monkeypatch) as (emu, _, table):
         # idle cells long enough that all four are up at once when the kill comes
         write_toml(
