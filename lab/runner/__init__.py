@@ -4,6 +4,7 @@
 - lab.runner.lanes: several hosts at once, one lane (thread) per host, slot or node; cancel, lost
   hosts, overlaps
 - lab.runner.clientvm: client = "vm": a host's load generators in a VM the run makes on it
+- lab.runner.clientssh: client = "ssh:USER@MACHINE": on a machine of the user's, over SSH
 - lab.runner.cells: a VM cell and the bare-metal cell, each inside lab.lifecycle.CellLife
 - lab.runner.measure: the workloads stage (repetitions, executions) and `lab reparse`
 - lab.runner.context: what the parts of one run share
