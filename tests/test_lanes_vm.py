@@ -17,16 +17,14 @@ from pathlib import Path
 
 import pytest
 from chaos_scenario import cell_state, run_id_of, wait_for
-from conftest import LAB, LIBVIRT_URI, leftovers, run_lab_cli
+from conftest import LAB, leftovers, run_lab_cli
 from pve_emulator import PveEmulator
 from pve_emulator.fixtures import FULL_ACL, TOKEN_ID, TOKEN_SECRET, pve_certs_fixture, pve_env_fixture  # noqa: F401
 from pve_emulator.qemu import QemuBacking
-from test_libvirt_e2e import QEMU_SETTINGS, lab_bridge, leftovers as libvirt_leftovers, virsh_names  # noqa: F401
-from test_proxmox_e2e import SUBNET, _qemus_under, node_netns, pve_host_table  # noqa: F401
+from test_libvirt_e2e import kvm_table, lab_bridge, leftovers as libvirt_leftovers, virsh_names  # noqa: F401
+from test_proxmox_e2e import SUBNET, _qemus_under, node_netns, publish_template, pve_host_table  # noqa: F401
 
 from lab import IMAGES_DIR
-from lab.backends.proxmox import ProxmoxBackend
-from lab.backends.proxmox.settings import Settings
 from lab.store import Store
 
 pytestmark = [pytest.mark.vm, pytest.mark.image]
@@ -73,15 +71,7 @@ def cluster(golden, pve_certs, pve_env, netns: str, monkeypatch):
             # the template on shared storage, so that pve2 clones it too (PVE does not proxy an
             # upload to another node, so one template per node cannot be published through pve1)
             emu.add_storage("ceph", "rbd", {"images"}, shared=True)
-            settings = Settings(
-                backend="proxmox",
-                url=emu.url,
-                node="pve1",
-                token="env:LAB_TEST_PVE_TOKEN",
-                ca_file=str(pve_certs.ca_file),
-                storage="ceph",
-            )
-            ProxmoxBackend("pve", settings, pve_env).publish_image(golden)
+            publish_template(emu, pve_certs, pve_env, golden, storage="ceph")
             table = (
                 pve_host_table(emu.url, pve_certs.ca_file, netns).replace('"local-lvm"', '"ceph"')
                 + 'nodes = ["pve1", "pve2"]\nplacement = "spread"\nclient = "vm"\nclient_vcpus = 1\n'
@@ -124,22 +114,6 @@ def write_toml(tmp_path: Path, workdir: Path, table: str, suite: str, kvm: str =
     return path
 
 
-def kvm_table(workdir: Path, bridge: str, n: int) -> str:
-    """[hosts.kvm]: libvirt's qemu:///system, its guests on the test's bridge 10.78.<n>.0/24."""
-    return textwrap.dedent(f"""
-        [hosts.kvm]
-        backend = "libvirt"
-        uri = "{LIBVIRT_URI}"
-        dir = "{workdir / "disks"}"
-        bridge = "{bridge}"
-        subnet = "10.78.{n}.0/24"
-        client_address = "10.78.{n}.1"
-        dac_label = "{QEMU_SETTINGS["dac_label"]}"
-        bios = "{QEMU_SETTINGS["bios"]}"
-        boot_timeout = 600
-        """)
-
-
 @pytest.mark.xdist_group("libvirt-qemu-system")  # the libvirtd fixture's worker
 def test_local_libvirt_and_two_pve_nodes_run_at_once_with_a_client_vm(
     golden,
@@ -173,7 +147,7 @@ def test_local_libvirt_and_two_pve_nodes_run_at_once_with_a_client_vm(
             time = 2
             directions = ["rx"]
             """,
-            kvm_table(workdir, bridge, n),
+            kvm_table(workdir, bridge, n, boot_timeout=600),
         )
         plan = run_lab_cli("plan", "-c", str(tmp_path / "lab.toml"), cwd=tmp_path, env=ENV)
         assert plan.returncode == 0, plan.stderr
@@ -248,7 +222,7 @@ def test_a_run_of_four_lanes_killed_with_9_then_gc_leaves_nothing_on_any_host(
     live on) while every lane has a cell in its workloads; then `lab gc` removes all of it, on
     every host, and the run reads failed."""
     bridge, n = lab_bridge
-    kvm = kvm_table(workdir, bridge, n)
+    kvm = kvm_table(workdir, bridge, n, boot_timeout=600)
     with cluster(golden, pve_certs, pve_env, node_netns, monkeypatch) as (emu, _, table):
         # idle cells long enough that all four are up at once when the kill comes
         write_toml(

@@ -258,16 +258,10 @@ def test_publish_clone_boot_address_chain_destroy(golden, libvirtd, lab_bridge, 
 # through the CLI
 
 
-def write_libvirt_lab(tmp_path: Path, workdir: Path, bridge: str, n: int, *, workloads: str) -> Path:
-    text = textwrap.dedent(f"""
-        [lab]
-        name = "libvirt-e2e"
-        results = "{tmp_path / "results"}"
-
-        [hosts.local]  # `lab gc` also sweeps the local backend: only this test's directory
-        backend = "local"
-        workdir = "{workdir / "local"}"
-
+def kvm_table(workdir: Path, bridge: str, n: int, *, boot_timeout: int) -> str:
+    """[hosts.kvm]: libvirt's qemu:///system, its disks in `workdir`, its guests on the test's
+    bridge 10.78.<n>.0/24 (lab_bridge), the load generators' side at .1."""
+    return textwrap.dedent(f"""
         [hosts.kvm]
         backend = "libvirt"
         uri = "{URI}"
@@ -277,8 +271,24 @@ def write_libvirt_lab(tmp_path: Path, workdir: Path, bridge: str, n: int, *, wor
         client_address = "10.78.{n}.1"
         dac_label = "{QEMU_SETTINGS["dac_label"]}"
         bios = "{QEMU_SETTINGS["bios"]}"
-        boot_timeout = 480
+        boot_timeout = {boot_timeout}
+        """)
 
+
+def write_libvirt_lab(tmp_path: Path, workdir: Path, bridge: str, n: int, *, workloads: str) -> Path:
+    text = (
+        textwrap.dedent(f"""
+        [lab]
+        name = "libvirt-e2e"
+        results = "{tmp_path / "results"}"
+
+        [hosts.local]  # `lab gc` also sweeps the local backend: only this test's directory
+        backend = "local"
+        workdir = "{workdir / "local"}"
+
+        """)
+        + kvm_table(workdir, bridge, n, boot_timeout=480)
+        + textwrap.dedent(f"""
         [matrix]
         host = ["kvm"]
         image = ["debian12"]
@@ -298,6 +308,7 @@ def write_libvirt_lab(tmp_path: Path, workdir: Path, bridge: str, n: int, *, wor
         [suite.params.iperf3-tcp]
         time = 3
         """)
+    )
     path = tmp_path / "lab.toml"
     path.write_text(text)
     return path

@@ -56,6 +56,20 @@ def pve_host_table(url: str, ca_file, netns: str) -> str:
     )
 
 
+def publish_template(emu, pve_certs, pve_env, golden, storage: str = "local-lvm") -> str:
+    """The golden template published on node pve1 of `emu` by the backend's own path (upload +
+    import-from); its name. The token comes from $LAB_TEST_PVE_TOKEN (set by the caller)."""
+    settings = Settings(
+        backend="proxmox",
+        url=emu.url,
+        node="pve1",
+        token="env:LAB_TEST_PVE_TOKEN",
+        ca_file=str(pve_certs.ca_file),
+        storage=storage,
+    )
+    return ProxmoxBackend("pve", settings, pve_env).publish_image(golden)
+
+
 def _qemus_under(workdir: Path) -> list[int]:
     out = []
     for entry in Path("/proc").iterdir():
@@ -79,16 +93,8 @@ def test_lab_run_against_the_emulator_end_to_end(golden, pve_certs, pve_env, nod
     try:
         with emu:
             monkeypatch.setenv("LAB_TEST_PVE_TOKEN", f"{TOKEN_ID}={TOKEN_SECRET}")
-            settings = Settings(
-                backend="proxmox",
-                url=emu.url,
-                node="pve1",
-                token="env:LAB_TEST_PVE_TOKEN",
-                ca_file=str(pve_certs.ca_file),
-                storage="local-lvm",
-            )
             t0 = time.monotonic()
-            assert ProxmoxBackend("pve", settings, pve_env).publish_image(golden) == "lab-debian12"
+            assert publish_template(emu, pve_certs, pve_env, golden) == "lab-debian12"
             publish_s = time.monotonic() - t0
             (tmp_path / "lab.toml").write_text(
                 textwrap.dedent(f"""
@@ -183,15 +189,7 @@ def test_lab_run_on_the_emulator_with_a_client_machine_over_ssh(
         sshd.start()
         with emu:
             monkeypatch.setenv("LAB_TEST_PVE_TOKEN", env["LAB_TEST_PVE_TOKEN"])
-            settings = Settings(
-                backend="proxmox",
-                url=emu.url,
-                node="pve1",
-                token="env:LAB_TEST_PVE_TOKEN",
-                ca_file=str(pve_certs.ca_file),
-                storage="local-lvm",
-            )
-            assert ProxmoxBackend("pve", settings, pve_env).publish_image(golden) == "lab-debian12"
+            assert publish_template(emu, pve_certs, pve_env, golden) == "lab-debian12"
             (tmp_path / "lab.toml").write_text(
                 textwrap.dedent(f"""
                 [lab]
