@@ -180,13 +180,14 @@ class Scenario:
 
     def start(self, *args: str) -> subprocess.Popen:
         self.stderr_path = self.dir / "run.stderr"
-        return subprocess.Popen(
-            [*LAB, "run", "-c", str(self.toml), *args],
-            stdout=subprocess.DEVNULL,
-            stderr=open(self.stderr_path, "w"),
-            env={**os.environ, **self.env},
-            cwd=self.dir,
-        )
+        with open(self.stderr_path, "w") as err:  # the child has its own copy
+            return subprocess.Popen(
+                [*LAB, "run", "-c", str(self.toml), *args],
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+                env={**os.environ, **self.env},
+                cwd=self.dir,
+            )
 
     def stderr(self) -> str:
         return self.stderr_path.read_text(errors="replace")

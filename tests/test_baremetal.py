@@ -122,6 +122,8 @@ def test_bare_metal_cell_killed_with_9_then_gc_through_the_backend(workdir):
     finally:
         os.killpg(maker.pid, signal.SIGKILL)
         maker.wait()
+        maker.stdout.close()  # not communicate(): nginx, alive by design, may hold the pipes open
+        maker.stderr.close()
     cgroup = Path(layout.read_lease(workdir / name)["cgroup"])
     assert nginx_pids(workdir) and cgroup.is_dir() and name in local.list_netns()
     backend = local.LocalBackend("local", local.Settings(backend="local", workdir=str(workdir)))

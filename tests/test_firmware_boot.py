@@ -108,7 +108,8 @@ def _boot(golden, workdir: Path, *, uefi: bool, cidata: Path | None, guest_ip: s
         argv += ["-drive", f"file={cidata},if=ide,index=2,media=cdrom,format=raw,readonly=on"]
     assert "-kernel" not in argv
     t0 = time.monotonic()
-    p = proc.spawn(argv, stdout=open(workdir / "qemu.log", "wb"), stderr=subprocess.STDOUT)
+    with open(workdir / "qemu.log", "wb") as log:  # QEMU has its own copy
+        p = proc.spawn(argv, stdout=log, stderr=subprocess.STDOUT)
     return p, port, t0
 
 

@@ -27,7 +27,8 @@ from test_proxmox_e2e import SUBNET, _qemus_under, node_netns, publish_template,
 from lab import IMAGES_DIR
 from lab.store import Store
 
-pytestmark = [pytest.mark.vm, pytest.mark.image]
+# timeout: the cells of four lanes boot on 2 cores under TCG, beside the other worker's VMs
+pytestmark = [pytest.mark.vm, pytest.mark.image, pytest.mark.timeout(1800)]
 ENV = {"LAB_TEST_PVE_TOKEN": f"{TOKEN_ID}={TOKEN_SECRET}"}
 
 
@@ -224,12 +225,13 @@ def test_a_run_of_four_lanes_killed_with_9_then_gc_leaves_nothing_on_any_host(
     bridge, n = lab_bridge
     kvm = kvm_table(workdir, bridge, n, boot_timeout=600)
     with cluster(golden, pve_certs, pve_env, node_netns, monkeypatch) as (emu, _, table):
-        # idle cells long enough that all four are up at once when the kill comes
+        # idle cells long enough (20 min) that all four are in their workloads at once when the
+        # kill comes, however late the slowest lane boots on a loaded machine: the kill ends them
         write_toml(
             tmp_path,
             workdir,
             table,
-            'workloads = ["idle"]\nrepetitions = 20\nwarmup = 0\nquiet_host = "record"\n'
+            'workloads = ["idle"]\nrepetitions = 60\nwarmup = 0\nquiet_host = "record"\n'
             "[suite.params.idle]\nduration = 20\n",
             kvm,
         )

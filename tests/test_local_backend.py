@@ -410,6 +410,7 @@ def test_sigkill_mid_boot_then_gc_leaves_nothing(golden, workdir, tmp_path):
     finally:
         p.send_signal(signal.SIGKILL)
         p.wait()
+        p.stderr.close()
     run_id = vm_name.split("-")[1]
     # The orchestrator is gone; its VM, tap and namespace are still there.
     assert any("qemu" in x for x in leftovers(workdir, run_id))

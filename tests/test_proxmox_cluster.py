@@ -435,5 +435,6 @@ def test_guest_without_agent_and_without_static_address_is_found_by_arp(pve, net
     assert b.wait_ready(vm, timeout=5) == dhcp and vm.facts["address_source"] == "arp"
     assert not [p for m, path, p in pve.requests if "agent" in path]  # never asked a switched-off agent
     assert b.open_run("r1").argv(["iperf3", "-s"]) == ["ip", "netns", "exec", netns, "iperf3", "-s"]
+    b.close_run("r1")  # its run lock, a file held open
     b.destroy(vm)
     no_leftovers(pve)

@@ -76,6 +76,7 @@ def test_kill_9_mid_write_keeps_every_committed_sample(tmp_path):
             break
     p.send_signal(signal.SIGKILL)
     p.wait()
+    p.stdout.close()
     s = Store(tmp_path)
     samples = s.samples("r1")
     reps = {x.repetition for x in samples}

@@ -232,6 +232,8 @@ def test_killed_mid_build_and_after_restore_then_gc_keeps_only_the_snapshot(gold
     def kill(p: subprocess.Popen) -> None:
         os.killpg(p.pid, signal.SIGKILL)
         p.wait()
+        p.stdout.close()
+        p.stderr.close()
 
     def gc(run_id: str) -> None:
         res = run_lab_cli("gc", "-c", str(cfg), timeout=120)
