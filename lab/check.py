@@ -302,6 +302,14 @@ def check_suite(cfg: LabConfig, cells: list[plan.Cell]) -> None:
             suite.max_repetitions,
             f"is below suite.repetitions ({suite.repetitions}), the minimum of adaptive repetition",
         )
+    if suite.remeasure_flagged and suite.target_ci_pct is not None:
+        raise ConfigError(
+            src,
+            "suite.remeasure_flagged",
+            suite.remeasure_flagged,
+            "applies to a fixed n only: with suite.target_ci_pct the repetitions go on until the unflagged "
+            "ones suffice, up to suite.max_repetitions",
+        )
     if suite.repetitions_per_boot != 1 and suite.order != "interleaved":
         raise ConfigError(
             src,

@@ -42,6 +42,12 @@ def is_flagged(labels: Mapping[str, Any]) -> bool:
     return bool(reasons(labels))
 
 
+def load_flagged(labels: Mapping[str, Any]) -> bool:
+    """Flagged for the machines' load (its host's or its client's), not for the measurement itself:
+    the repetitions `[suite] remeasure_flagged` measures again."""
+    return any(isinstance(w := labels.get(k), Mapping) and bool(w.get("flag")) for k in (HOST_LOAD, CLIENT_LOAD))
+
+
 def foreign_pct(labels: Mapping[str, Any]) -> float | None:
     """The foreign load on the host during the sample's repetition (% of one core), if measured."""
     host = labels.get(HOST_LOAD)

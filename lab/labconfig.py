@@ -98,6 +98,11 @@ class SuiteSection(Strict):
     target_ci_pct: float | None = Field(default=None, gt=0, le=100)
     max_repetitions: int = Field(default=30, ge=1, le=10000)  # adaptive budget per cell and workload
     max_seconds: float | None = Field(default=None, gt=0, le=7 * 86400)  # likewise, measured time
+    # Fixed n: a repetition flagged for its host's or client's load (below) is measured again, at
+    # most this many times per cell and workload, so that a busy spell does not leave the cell with
+    # fewer than n figures that count. Adaptive repetition already measures until the unflagged
+    # figures suffice (or max_repetitions), so it takes no such key.
+    remeasure_flagged: int = Field(default=0, ge=0, le=1000)
     bare_metal: bool = False  # add a cell that runs the suite on the (local) host itself
     noise_floor: bool = False  # run the first cell twice (an A/A twin) to measure the noise floor
     params: dict[str, dict[str, Any]] = {}

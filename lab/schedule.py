@@ -1,6 +1,8 @@
 """Pure: the repetition policy. How many measured repetitions a workload gets in a cell.
 
-Fixed n (`[suite] repetitions`), or adaptive (`target_ci_pct`): at least `repetitions` (and at
+Fixed n (`[suite] repetitions`; a repetition flagged for its host's or client's load is measured
+again, at most `remeasure_flagged` times per cell and workload, so that n unflagged ones remain
+when the busy spell passes), or adaptive (`target_ci_pct`): at least `repetitions` (and at
 least ADAPTIVE_MIN_N before the CI counts), then one more at a time until the 95 % bootstrap CI
 of the median (lab.stats.ci_width_ok) of every throughput-like metric of the workload (higher is
 better, not flagged) lies within +-target_ci_pct % of its median, or a budget is spent:
@@ -34,6 +36,7 @@ class Tally:
     """What has been measured of one workload in one cell, and whether it is enough."""
 
     n: int = 0  # measured repetitions
+    load_flagged: int = 0  # of which flagged for the host's or client's load (lab.flags.load_flagged)
     seconds: float = 0.0  # measured time (warm-ups excluded)
     values: dict[str, list[float]] = field(default_factory=dict)  # target metric -> values
     reason: str = ""  # why it stopped; "" while it goes on
@@ -43,8 +46,10 @@ class Tally:
         return bool(self.reason)
 
     def add(self, samples: Iterable[Sample], seconds: float) -> None:
+        samples = list(samples)
         self.n += 1
         self.seconds += max(seconds, 0.0)
+        self.load_flagged += any(flags.load_flagged(s.labels) for s in samples)
         for s in samples:
             if target_metric(s):
                 self.values.setdefault(s.metric, []).append(float(s.value))
@@ -66,7 +71,7 @@ def target_metric(s: Sample) -> bool:
 def stop_reason(suite: Any, tally: Tally, *, seed: int = 0) -> str | None:
     """None to go on, or why to stop. `suite` is a lab.config.SuiteSection."""
     if suite.target_ci_pct is None:
-        return f"fixed n = {suite.repetitions}" if tally.n >= suite.repetitions else None
+        return fixed_reason(suite, tally)
     if tally.n < suite.repetitions:
         return None
     if tally.n >= ADAPTIVE_MIN_N and not tally.values:
@@ -83,6 +88,25 @@ def stop_reason(suite: Any, tally: Tally, *, seed: int = 0) -> str | None:
     if suite.max_seconds is not None and tally.seconds >= suite.max_seconds:
         return f"budget: {suite.max_seconds:g} s measured at n = {tally.n} ({still})"
     return None
+
+
+def fixed_reason(suite: Any, tally: Tally) -> str | None:
+    """Fixed n: stop at n repetitions not flagged for load, or when the repetitions measured again
+    for that (beyond n) reach remeasure_flagged."""
+    n, flagged = suite.repetitions, tally.load_flagged
+    again = tally.n - n  # measured beyond n: one per flagged repetition, while the budget lasts
+    if tally.n - flagged < n and (tally.n < n or again < suite.remeasure_flagged):
+        return None
+    if not flagged:
+        return f"fixed n = {n}"
+    if tally.n - flagged >= n:
+        return f"fixed n = {n}: {flagged} flagged for load, measured again"
+    if not suite.remeasure_flagged:
+        return f"fixed n = {n}: {flagged} flagged for load, {tally.n - flagged} unflagged"
+    return (
+        f"fixed n = {n}: {flagged} flagged for load, {again} measured again "
+        f"(remeasure_flagged = {suite.remeasure_flagged}), {tally.n - flagged} unflagged"
+    )
 
 
 def minimum_n(suite: Any) -> int:
@@ -106,6 +130,8 @@ def describe(suite: Any, seed: int) -> dict[str, Any]:
     out: dict[str, Any] = {"order": suite.order, "seed": seed, "repetitions": suite.repetitions, "warmup": suite.warmup}
     if suite.order == "interleaved":
         out["repetitions_per_boot"] = suite.repetitions_per_boot
+    if suite.target_ci_pct is None:
+        out["remeasure_flagged"] = suite.remeasure_flagged
     if suite.target_ci_pct is not None:
         out.update(
             {
@@ -126,6 +152,7 @@ def outcome(tallies: dict[tuple[str, str], Tally]) -> dict[str, dict[str, dict[s
     for (cell, workload), t in sorted(tallies.items()):
         out.setdefault(cell, {})[workload] = {
             "n": t.n,
+            "load_flagged": t.load_flagged,
             "seconds": round(t.seconds, 2),
             "stopped": t.reason or "not finished",
         }

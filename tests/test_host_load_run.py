@@ -89,6 +89,51 @@ def test_exactly_the_repetitions_under_foreign_load_are_flagged_and_left_out(fak
     assert a.load.flagged == 2 and a.load.max_pct == 80.0 and b.load.max_pct == 9.0
 
 
+def test_a_repetition_flagged_for_load_is_measured_again_within_remeasure_flagged(fake_lab):
+    fake_lab.write(
+        matrix='nic = ["virtio", "e1000"]',
+        host='foreign_load = { "c01@1" = 80.0, "c01@5" = 50.0, "c02@0" = 60.0, "c02@3" = 70.0, "c02@4" = 70.0 }',
+        suite=f'repetitions = 3\nremeasure_flagged = 2\nquiet_host = "record"\n{VALUES}',
+    )
+    rec = Recorder()
+    cfg, store, rid = run(fake_lab, rec)
+    reps = {c: sorted({s.repetition for s in store.samples(rid) if s.cell_id == c}) for c in ("c01", "c02")}
+    # c01: rep 1 busy, measured again; 3 counted after 4 (rep 5 is never reached)
+    # c02: reps 0, 3 and 4 busy: the budget of 2 spent at rep 4, 2 counted
+    assert reps == {"c01": [0, 1, 2, 3], "c02": [0, 1, 2, 3, 4]}
+    outcome = store.run(rid).manifest["repetitions"]
+    assert outcome["c01"]["fake-work"]["stopped"] == "fixed n = 3: 1 flagged for load, measured again"
+    assert outcome["c02"]["fake-work"]["stopped"] == (
+        "fixed n = 3: 3 flagged for load, 2 measured again (remeasure_flagged = 2), 2 unflagged"
+    )
+    assert (outcome["c02"]["fake-work"]["n"], outcome["c02"]["fake-work"]["load_flagged"]) == (5, 3)
+    assert store.run(rid).manifest["schedule"]["remeasure_flagged"] == 2
+    by = {s.key: s for s in results.series(store.samples(rid), store.cells(rid))}
+    label = {c.cell_id: c.label for c in store.cells(rid)}
+    assert by[(label["c01"], "fake-work", "ops_per_s")].values == (10.0, 30.0, 40.0)
+    assert by[(label["c02"], "fake-work", "ops_per_s")].values == (20.0, 30.0)
+
+
+def test_interleaved_rounds_go_on_for_the_cells_that_must_measure_again(fake_lab):
+    fake_lab.write(
+        matrix='nic = ["virtio", "e1000"]',
+        host='foreign_load = { "c02@1" = 80.0 }',
+        suite='repetitions = 2\norder = "interleaved"\nseed = 3\nremeasure_flagged = 1\nquiet_host = "record"\n'
+        + VALUES,
+    )
+    cfg, store, rid = run(fake_lab)
+    man = store.run(rid).manifest
+    assert [sorted(r) for r in man["rounds"]] == [["c01", "c02"], ["c01", "c02"], ["c02"]]  # a third for c02 only
+    assert {c: o["fake-work"]["n"] for c, o in man["repetitions"].items()} == {"c01": 2, "c02": 3}
+    assert {c.status for c in store.cells(rid)} == {"done"}
+
+
+def test_plan_says_flagged_repetitions_are_measured_again(fake_lab):
+    out = plan_text(fake_lab, 'repetitions = 5\nremeasure_flagged = 2\nquiet_host = "wait"')
+    assert "a repetition flagged for its host's or client's load is measured again, at most 2 times" in out
+    assert "measured again" not in plan_text(fake_lab, 'repetitions = 5\nquiet_host = "wait"')
+
+
 def test_show_compare_and_the_report_say_which_samples_were_flagged(fake_lab):
     fake_lab.write(
         matrix='nic = ["virtio", "e1000"]',

@@ -7,7 +7,7 @@ import collections
 import numpy as np
 import pytest
 
-from lab import config, plan, schedule
+from lab import clientload, config, errors, flags, hostload, plan, schedule
 from lab.model import Sample
 
 
@@ -123,7 +123,65 @@ def test_outcome_describe_planned_skipped():
     tallies = {("bm01", "http"): t, ("bm01", "iperf3-tcp"): feed(schedule.Tally(), suite(repetitions=2), [1, 2])}
     assert schedule.skipped(tallies, "bm01") == {"http": "nginx is not installed"}
     assert schedule.skipped(tallies, "c01") == {}
-    assert schedule.outcome(tallies)["bm01"]["iperf3-tcp"] == {"n": 2, "seconds": 2.0, "stopped": "fixed n = 2"}
+    assert schedule.outcome(tallies)["bm01"]["iperf3-tcp"] == {
+        "n": 2,
+        "load_flagged": 0,
+        "seconds": 2.0,
+        "stopped": "fixed n = 2",
+    }
+    assert schedule.describe(suite(repetitions=3, remeasure_flagged=2), 1)["remeasure_flagged"] == 2
+
+
+def busy_host(flag: bool) -> dict:
+    """labels[HOST_LOAD] as lab.hostload.label makes it, of a window with (or without) foreign load."""
+    window = hostload.HostLoad(seconds=5.0, foreign_pct=40.0 if flag else 2.0, lab_pct=100.0, steal_pct=0.0)
+    return {hostload.HOST_LOAD: hostload.label(window, 10.0)}
+
+
+def feed_flags(s: config.SuiteSection, flagged: list[bool]) -> schedule.Tally:
+    """Repetitions whose host was busy (True) or quiet, until the policy stops."""
+    t = schedule.Tally()
+    for busy in flagged:
+        if t.stopped:
+            break
+        t.add([Sample("throughput", 100.0, "Mbit/s", True, busy_host(busy))], 1.0)
+        t.update(s)
+    return t
+
+
+def test_fixed_n_measures_a_repetition_flagged_for_load_again_within_its_budget():
+    s = suite(repetitions=3, remeasure_flagged=2)
+    # one busy repetition: measured again once, 3 that count
+    t = feed_flags(s, [False, True, False, False, False])
+    assert (t.n, t.load_flagged) == (4, 1) and t.reason == "fixed n = 3: 1 flagged for load, measured again"
+    assert t.values == {"throughput": [100.0, 100.0, 100.0]}  # the flagged one does not steer
+    # a host busy throughout: the budget of 2 is spent, and the reason says how many count
+    t = feed_flags(s, [True] * 10)
+    assert (t.n, t.load_flagged) == (5, 5)
+    assert t.reason == "fixed n = 3: 5 flagged for load, 2 measured again (remeasure_flagged = 2), 0 unflagged"
+    # the default: flagged repetitions are shown and left out, never measured again
+    t = feed_flags(suite(repetitions=3), [True, False, False, False])
+    assert (t.n, t.reason) == (3, "fixed n = 3: 1 flagged for load, 2 unflagged")
+    # a parser's flag is about the measurement, not the machine: not measured again
+    t = schedule.Tally()
+    for _ in range(5):
+        if not t.stopped:
+            t.add([Sample("rps", 1.0, "req/s", True, {"flagged": 1})], 1.0)
+            t.update(s)
+    assert (t.n, t.load_flagged, t.reason) == (3, 0, "fixed n = 3")
+
+
+def test_a_client_saturated_is_flagged_for_load_too():
+    window = hostload.HostLoad(seconds=5.0, foreign_pct=97.0, lab_pct=0.0, cpus=1)
+    client = {clientload.CLIENT_LOAD: clientload.label("vm", window, 90.0, judged=True)}
+    assert flags.load_flagged(client) and flags.load_flagged(busy_host(True))
+    assert not flags.load_flagged(busy_host(False)) and not flags.load_flagged({"flagged": 1})
+
+
+def test_remeasure_flagged_is_refused_with_adaptive_repetition():
+    with pytest.raises(errors.ConfigError, match=r"^lab.toml: suite.remeasure_flagged = 2: applies to a fixed n only"):
+        config.parse({"suite": {"target_ci_pct": 5, "remeasure_flagged": 2}})
+    assert config.parse({"suite": {"remeasure_flagged": 2}}).suite.remeasure_flagged == 2
 
 
 # --- units and rounds --------------------------------------------------------------------------------

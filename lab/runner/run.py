@@ -303,11 +303,12 @@ def run_rounds(ctx: RunContext, units: list[plan.Unit], imgs: dict[str, Any], se
     round_no = 0
     while live:
         round_no += 1
-        if fixed is not None and round_no > len(fixed):
+        # fixed n: its rounds, then (remeasure_flagged) rounds for repetitions flagged for load
+        if fixed is not None and round_no > len(fixed) + suite.remeasure_flagged:
             break
         order = plan.round_order(live, seed, round_no)
         ctx.rounds.append([u.id for u in order])
-        quota = fixed[round_no - 1] if fixed is not None else suite.repetitions_per_boot
+        quota = fixed[round_no - 1] if fixed is not None and round_no <= len(fixed) else suite.repetitions_per_boot
         statuses = {}
         for unit in order:
             position += 1
