@@ -28,7 +28,8 @@ measurements on this machine, which take turns on it.
 
 The defaults (a first run): a VM's fixed stages take STAGE_DEFAULTS_S (21 s in all: a TCG boot
 of the golden Debian image to SSH, plus clone, verify, tune and teardown), a workload's prepare
-PREPARE_DEFAULT_S, a repetition the workload's own `estimate_seconds(params)` or its "time" /
+PREPARE_DEFAULT_S, a repetition the workload's own `estimate_seconds(params)` (iperf3, sysbench
+and wrk: one run per direction, thread count or connection count) or its "time" /
 "duration" parameter plus REP_OVERHEAD_S, a wait for a quiet host [suite] quiet_seconds (its
 least), and a host's run overhead RUN_OVERHEAD_DEFAULT_S.
 They are the medians of the stages timed in a real run of the default lab on a 2-core TCG machine

@@ -125,6 +125,14 @@ def planned(suite: Any) -> str:
     return f"{suite.repetitions}-{suite.max_repetitions}"
 
 
+def progress(suite: Any, tally: Tally) -> str:
+    """The next repetition as the progress line shows it: "3/5", or "6/5 (again: 1 flagged for load)"."""
+    text = f"{tally.n + 1}/{planned(suite)}"
+    if suite.target_ci_pct is None and tally.n >= suite.repetitions:
+        text += f" (again: {tally.load_flagged} flagged for load)"
+    return text
+
+
 def describe(suite: Any, seed: int) -> dict[str, Any]:
     """The policy, as the run's manifest records it."""
     out: dict[str, Any] = {"order": suite.order, "seed": seed, "repetitions": suite.repetitions, "warmup": suite.warmup}

@@ -27,6 +27,7 @@ workloads = ["sysbench-cpu"]
 repetitions = 4
 warmup = 1
 quiet_host = "record"
+remeasure_flagged = 1
 [suite.params.sysbench-cpu]
 time = 3
 threads = [1]
@@ -49,8 +50,10 @@ class HogDuringRepetition(SilentReporter):
 
     def __init__(self, pidfile: Path):
         self.pidfile, self.pid = pidfile, None
+        self.details: list[str] = []
 
     def stage(self, cell, stage, detail=""):
+        self.details.append(detail)
         if detail.startswith("sysbench-cpu 3/4") and self.pid is None:
             self.pid = start_hog(self.pidfile)
             time.sleep(0.5)  # running before the repetition's window opens
@@ -109,7 +112,11 @@ def test_a_cpu_hog_on_the_host_flags_the_repetition_it_ran_in(golden, workdir, t
     loads = {}
     for s in store.samples(rid):
         loads.setdefault(s.repetition, s.labels["host_load"])
-    assert sorted(loads) == [0, 1, 2, 3]
+    # the hog's repetition is measured again (remeasure_flagged = 1): a fifth, after the hog
+    assert sorted(loads) == [0, 1, 2, 3, 4]
+    stopped = store.run(rid).manifest["repetitions"]["c01"]["sysbench-cpu"]["stopped"]
+    assert stopped.startswith("fixed n = 4: ") and "measured again" in stopped, stopped
+    assert any(d.startswith("sysbench-cpu 5/4 (again: ") for d in hog.details), hog.details  # the progress says so
     context = (
         f"{loads}; before the run, with no VM up: foreign {baseline:.0f} % ({', '.join(busiest) or 'nothing busy'})"
     )
@@ -124,7 +131,7 @@ def test_a_cpu_hog_on_the_host_flags_the_repetition_it_ran_in(golden, workdir, t
     # the quiet repetitions have read 16-21 % of a core that no process accounts for, on a machine
     # whose baseline just before was 0 %; see the closing note of 2026-11-25.)
     assert all(load["lab_pct"] >= 50 for load in loads.values()), context
-    others = [loads[rep] for rep in (0, 1, 3)]
+    others = [loads[rep] for rep in (0, 1, 3, 4)]
     assert all(load["foreign_pct"] <= max(baseline, 0.0) + 40 for load in others), context
     assert all(load["foreign_pct"] + 30 < hogged["foreign_pct"] for load in others), context
     # each is flagged exactly when its own foreign load passed the threshold (labels are rounded)

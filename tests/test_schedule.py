@@ -159,6 +159,8 @@ def test_fixed_n_measures_a_repetition_flagged_for_load_again_within_its_budget(
     t = feed_flags(s, [True] * 10)
     assert (t.n, t.load_flagged) == (5, 5)
     assert t.reason == "fixed n = 3: 5 flagged for load, 2 measured again (remeasure_flagged = 2), 0 unflagged"
+    assert schedule.progress(s, feed_flags(s, [False, True])) == "3/3"
+    assert schedule.progress(s, feed_flags(s, [False, True, False])) == "4/3 (again: 1 flagged for load)"
     # the default: flagged repetitions are shown and left out, never measured again
     t = feed_flags(suite(repetitions=3), [True, False, False, False])
     assert (t.n, t.reason) == (3, "fixed n = 3: 1 flagged for load, 2 unflagged")

@@ -144,7 +144,7 @@ def run_workloads(
             execute(w - cfg.suite.warmup, "warm-up")  # warm-ups are negative and yield no samples
         done = 0
         while not tally.stopped and (quota is None or done < quota):
-            execute(tally.n, f"{tally.n + 1}/{schedule.planned(cfg.suite)}")
+            execute(tally.n, schedule.progress(cfg.suite, tally))
             done += 1
             tally.update(cfg.suite, seed=ctx.seed)
 

@@ -22,6 +22,7 @@ from lab.workloads import WorkloadContext, register
 from lab.workloads.cpu import cpu_samples, snapshot
 from lab.workloads.toolkit import (
     CLIENT_TOOL_HINT,
+    RUN_OVERHEAD_S,
     UNMEASURED,
     Parsed,
     SegmentLog,
@@ -30,6 +31,7 @@ from lab.workloads.toolkit import (
     first_line,
     flag,
     flag_run,
+    how_many,
     require_guest_tool,
     segment_samples,
     split_segments,
@@ -154,6 +156,10 @@ class _Http:
         if not ctx.guest_address:
             raise UsageError(f"{self.name}: the workload context has no guest_address")
         return url(self.scheme, ctx.guest_address, self.params(ctx)["path"])
+
+    def estimate_seconds(self, p: dict[str, Any]) -> float:
+        """For `lab plan`: a wrk run of `duration` per connection count."""
+        return float(p["duration"]) * how_many(p["connections"]) + RUN_OVERHEAD_S
 
     def commands(self, ctx: WorkloadContext) -> list[tuple[str, list[str]]]:
         """[(segment tag, wrk argv before the client wrapper)]."""

@@ -26,6 +26,7 @@ from lab.workloads import WorkloadContext, register
 from lab.workloads.cpu import cpu_samples, run_guest_load
 from lab.workloads.toolkit import (
     CLIENT_TOOL_HINT,
+    RUN_OVERHEAD_S,
     UNMEASURED,
     SegmentLog,
     client_server,
@@ -34,6 +35,7 @@ from lab.workloads.toolkit import (
     first_line,
     flag,
     flag_run,
+    how_many,
     require_guest_tool,
     segment_samples,
     split_segments,
@@ -185,6 +187,10 @@ class _Iperf3:
         if self.udp and (not isinstance(p["bitrate"], str) or not p["bitrate"].strip()):
             raise UsageError(f'{self.name}: bitrate must be a string such as "100M", got {p["bitrate"]!r}')
         return p
+
+    def estimate_seconds(self, p: dict[str, Any]) -> float:
+        """For `lab plan`: a run of `time` per direction."""
+        return float(p["time"]) * how_many(p["directions"]) + RUN_OVERHEAD_S
 
     def commands(self, ctx: WorkloadContext) -> list[tuple[str, list[str], str]]:
         """[(direction, server argv on the client side (unwrapped), guest command)]."""

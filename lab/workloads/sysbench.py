@@ -16,6 +16,7 @@ from lab.model import RawOutput, Sample
 from lab.workloads import WorkloadContext, register
 from lab.workloads.cpu import cpu_samples, run_guest_load
 from lab.workloads.toolkit import (
+    RUN_OVERHEAD_S,
     UNMEASURED,
     Parsed,
     SegmentLog,
@@ -24,6 +25,7 @@ from lab.workloads.toolkit import (
     first_line,
     flag,
     flag_run,
+    how_many,
     require_guest_tool,
     segment_samples,
     split_segments,
@@ -193,6 +195,10 @@ class SysbenchCpu:
         _check_positive_int(self.name, "max_prime", p["max_prime"])
         thread_plan(p["threads"], ctx.vcpus)
         return p
+
+    def estimate_seconds(self, p: dict[str, Any]) -> float:
+        """For `lab plan`: a run of `time` per thread count (at most: counts the vCPUs make equal are one)."""
+        return float(p["time"]) * how_many(p["threads"]) + RUN_OVERHEAD_S
 
     def commands(self, ctx: WorkloadContext) -> list[tuple[str, int, str]]:
         """[(tag, threads, command)] this workload runs in the guest, in order."""
