@@ -31,11 +31,13 @@ def reasons(labels: Mapping[str, Any]) -> list[str]:
     out = []
     if labels.get(FLAGGED):
         out.append(str(labels.get(FLAGGED_WHY) or "flagged by its parser (errors during the load)"))
-    for key in (HOST_LOAD, CLIENT_LOAD):
-        window = labels.get(key)
-        if isinstance(window, Mapping) and window.get("flag"):
-            out.append(str(window["flag"]))
-    return out
+    return out + load_reasons(labels)
+
+
+def load_reasons(labels: Mapping[str, Any]) -> list[str]:
+    """The flags of the host's and the client's load windows, in words."""
+    windows = (labels.get(key) for key in (HOST_LOAD, CLIENT_LOAD))
+    return [str(w["flag"]) for w in windows if isinstance(w, Mapping) and w.get("flag")]
 
 
 def is_flagged(labels: Mapping[str, Any]) -> bool:
@@ -45,7 +47,7 @@ def is_flagged(labels: Mapping[str, Any]) -> bool:
 def load_flagged(labels: Mapping[str, Any]) -> bool:
     """Flagged for the machines' load (its host's or its client's), not for the measurement itself:
     the repetitions `[suite] remeasure_flagged` measures again."""
-    return any(isinstance(w := labels.get(k), Mapping) and bool(w.get("flag")) for k in (HOST_LOAD, CLIENT_LOAD))
+    return bool(load_reasons(labels))
 
 
 def foreign_pct(labels: Mapping[str, Any]) -> float | None:

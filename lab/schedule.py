@@ -140,7 +140,7 @@ def describe(suite: Any, seed: int) -> dict[str, Any]:
         out["repetitions_per_boot"] = suite.repetitions_per_boot
     if suite.target_ci_pct is None:
         out["remeasure_flagged"] = suite.remeasure_flagged
-    if suite.target_ci_pct is not None:
+    else:
         out.update(
             {
                 "target_ci_pct": suite.target_ci_pct,

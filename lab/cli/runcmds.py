@@ -145,7 +145,7 @@ def plan_cmd(config_path, check_hosts, as_json):
                 " of foreign load or steal)"
             )
         )
-    if suite.remeasure_flagged and suite.target_ci_pct is None and any(m != "off" for m in watch.values()):
+    if suite.remeasure_flagged and any(m != "off" for m in watch.values()):
         say(
             f"a repetition flagged for its host's or client's load is measured again, at most "
             f"{suite.remeasure_flagged} times per cell and workload (remeasure_flagged; not in the estimate)"

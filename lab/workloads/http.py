@@ -26,12 +26,12 @@ from lab.workloads.toolkit import (
     UNMEASURED,
     Parsed,
     SegmentLog,
+    as_list,
     effective_params,
     exit_status_problem,
     first_line,
     flag,
     flag_run,
-    how_many,
     require_guest_tool,
     segment_samples,
     split_segments,
@@ -137,7 +137,7 @@ class _Http:
 
     def params(self, ctx: WorkloadContext) -> dict[str, Any]:
         p = effective_params(self.defaults, ctx.params)
-        conns = p["connections"] if isinstance(p["connections"], (list, tuple)) else [p["connections"]]
+        conns = as_list(p["connections"])
         if (
             not conns
             or len(set(conns)) != len(conns)
@@ -159,7 +159,7 @@ class _Http:
 
     def estimate_seconds(self, p: dict[str, Any]) -> float:
         """For `lab plan`: a wrk run of `duration` per connection count."""
-        return float(p["duration"]) * how_many(p["connections"]) + RUN_OVERHEAD_S
+        return float(p["duration"]) * len(as_list(p["connections"])) + RUN_OVERHEAD_S
 
     def commands(self, ctx: WorkloadContext) -> list[tuple[str, list[str]]]:
         """[(segment tag, wrk argv before the client wrapper)]."""

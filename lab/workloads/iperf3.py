@@ -29,13 +29,13 @@ from lab.workloads.toolkit import (
     RUN_OVERHEAD_S,
     UNMEASURED,
     SegmentLog,
+    as_list,
     client_server,
     effective_params,
     exit_status_problem,
     first_line,
     flag,
     flag_run,
-    how_many,
     require_guest_tool,
     segment_samples,
     split_segments,
@@ -180,7 +180,7 @@ class _Iperf3:
         _positive_int(self.name, "time", p["time"])
         _positive_int(self.name, "streams", p["streams"], 128)
         _positive_int(self.name, "port", p["port"], 65535)
-        dirs = p["directions"] if isinstance(p["directions"], (list, tuple)) else [p["directions"]]
+        dirs = as_list(p["directions"])
         if not dirs or any(d not in DIRECTIONS for d in dirs) or len(set(dirs)) != len(dirs):
             raise UsageError(f'{self.name}: directions must list "tx" and/or "rx" once each, got {p["directions"]!r}')
         p["directions"] = list(dirs)
@@ -190,7 +190,7 @@ class _Iperf3:
 
     def estimate_seconds(self, p: dict[str, Any]) -> float:
         """For `lab plan`: a run of `time` per direction."""
-        return float(p["time"]) * how_many(p["directions"]) + RUN_OVERHEAD_S
+        return float(p["time"]) * len(as_list(p["directions"])) + RUN_OVERHEAD_S
 
     def commands(self, ctx: WorkloadContext) -> list[tuple[str, list[str], str]]:
         """[(direction, server argv on the client side (unwrapped), guest command)]."""

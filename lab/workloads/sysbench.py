@@ -20,12 +20,12 @@ from lab.workloads.toolkit import (
     UNMEASURED,
     Parsed,
     SegmentLog,
+    as_list,
     effective_params,
     exit_status_problem,
     first_line,
     flag,
     flag_run,
-    how_many,
     require_guest_tool,
     segment_samples,
     split_segments,
@@ -153,7 +153,7 @@ def thread_plan(spec: Any, vcpus: int) -> list[tuple[str, int]]:
 
     1 -> ("1t", 1); "vcpus" -> ("nt", vcpus); another integer k -> ("<k>t", k). The suffix names the
     setting, not the number, so events_per_s_nt compares across cells with different vCPU counts."""
-    items = spec if isinstance(spec, (list, tuple)) else [spec]
+    items = as_list(spec)
     plan: list[tuple[str, int]] = []
     for item in items:
         if item == "vcpus":
@@ -198,7 +198,7 @@ class SysbenchCpu:
 
     def estimate_seconds(self, p: dict[str, Any]) -> float:
         """For `lab plan`: a run of `time` per thread count (at most: counts the vCPUs make equal are one)."""
-        return float(p["time"]) * how_many(p["threads"]) + RUN_OVERHEAD_S
+        return float(p["time"]) * len(as_list(p["threads"])) + RUN_OVERHEAD_S
 
     def commands(self, ctx: WorkloadContext) -> list[tuple[str, int, str]]:
         """[(tag, threads, command)] this workload runs in the guest, in order."""

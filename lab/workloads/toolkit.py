@@ -195,10 +195,10 @@ def exit_status_problem(tool: str, rc: int) -> str:
 # Parameters ([suite.params.<workload>] over the workload's defaults)
 
 
-def how_many(value) -> int:
-    """How many runs a parameter of one value or a list of them makes (directions, threads,
-    connections): what a repetition's length for `lab plan` (estimate_seconds) multiplies by."""
-    return len(value) if isinstance(value, (list, tuple)) else 1
+def as_list(value) -> list:
+    """A parameter that takes one value or a list of them (directions, threads, connections): a
+    scalar is a list of one. Its length is how many runs a repetition makes (estimate_seconds)."""
+    return list(value) if isinstance(value, (list, tuple)) else [value]
 
 
 # Around a repetition's runs: SSH, the tools' start and exit, parsing and storing. Measured in the
@@ -215,7 +215,7 @@ def effective_params(defaults: dict, given: dict | None) -> dict:
 
 def choices(workload: str, key: str, value, allowed: tuple[str, ...]) -> list[str]:
     """A list parameter whose entries come from `allowed`, each once (a scalar is a list of one)."""
-    items = list(value) if isinstance(value, (list, tuple)) else [value]
+    items = as_list(value)
     if not items or len(set(items)) != len(items) or any(x not in allowed for x in items):
         raise UsageError(f"{workload}: {key} must list distinct entries of {', '.join(allowed)}, got {value!r}")
     return items
