@@ -45,10 +45,11 @@ run: images
 
 # Two passes: everything independent in parallel on 2 workers, then the measurements that other
 # VMs on the same 2 cores would skew (virtio vs e1000 throughput), alone.
-# (pyproject's addopts select the fast lane; the -m and -n given here replace them)
+# (pyproject's addopts select the fast lane; the -m and -n given here replace them; --durations
+# prints the slowest tests, so a CI log says where the time went)
 test: lint images
-	$(PYTEST) -n 2 --dist loadgroup -q -rsR -m 'not serial'
-	$(PYTEST) -n 0 -q -rsR -m serial
+	$(PYTEST) -n 2 --dist loadgroup -q -rsR --durations=25 -m 'not serial'
+	$(PYTEST) -n 0 -q -rsR --durations=10 -m serial
 
 # Static checks; no VM, no image, no root: about 9 s with cold caches, 3 s warm, on 2 cores.
 # Versions: ruff, mypy (and python-hcl2 for the plugins test) are pinned in pyproject's `test`

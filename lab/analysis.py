@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lab import compare as compare_mod, hostinfo, results, stats
-from lab.axes import AXES, AXES_TABLE, axis
+from lab.axes import AXES, AXES_TABLE, ONLY_IN, axis
 from lab.errors import UsageError
 from lab.plan import BARE_METAL, TWIN_SUFFIX
 from lab.store import CellRow, SampleRow
@@ -77,13 +77,14 @@ def matches(cell: CellRow, selector: dict[str, str]) -> bool:
     if is_twin(cell) and "replica" not in selector:
         return False
     # optional axes are stored only when set (lab.axes): cc=default selects the cells without one;
-    # a bare-metal cell has one of them: isolation (vm: on the host itself)
-    unset = (
-        {a.name: a.plain(a.default) for a in AXES_TABLE if a.optional}
-        if kind(cell) == "vm"
-        else {"isolation": ISOLATION_DEFAULT}
-    )
+    # a bare-metal cell has two of them: isolation (vm: on the host itself) and a container's runtime
+    unset = {a.name: a.plain(a.default) for a in AXES_TABLE if a.optional}
+    if kind(cell) != "vm":
+        unset = {k: unset[k] for k in ("isolation", "runtime")}
     axes = {**unset, **cell.axes, "kind": kind(cell)}
+    for name, (on, want) in ONLY_IN.items():  # an axis that means nothing for the cell: it has none
+        if str(axes.get(on)) != axis(on).plain(want):
+            axes.pop(name, None)
     return all(str(axes.get(k)) == v for k, v in selector.items())
 
 

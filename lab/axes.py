@@ -19,7 +19,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
-from lab.model import CloneKind, DiskBus, Isolation, NicModel
+from lab.model import CloneKind, DiskBus, Isolation, NicModel, Runtime
 
 MAX_VCPUS = 128
 MIN_MEMORY_MIB, MAX_MEMORY_MIB = 256, 1024 * 1024
@@ -90,13 +90,26 @@ AXES_TABLE: tuple[Axis, ...] = (
     # Where the suite runs on the machine (lab.isolation): the machine itself, or a container on it.
     # A machine axis: a container cell is a different place to measure, never a twin of its VM cell.
     Axis("isolation", Isolation, Isolation.VM, "isolation", optional=True, machine=True),
+    # The container runtime of a container cell (lab.isolation.RUNTIMES); other cells have none, so
+    # lab.plan.cells keeps one of them per runtime list, with the default (see ONLY_IN).
+    Axis("runtime", Runtime, Runtime.PODMAN, "runtime", optional=True, machine=True),
 )
+
+# Axes that mean something only for some cells: axis -> (the axis it depends on, the value that gives
+# it a meaning). A cell without that value has the default (lab.plan.cells).
+ONLY_IN: dict[str, tuple[str, Any]] = {"runtime": ("isolation", Isolation.CONTAINER)}
 
 BY_NAME: dict[str, Axis] = {a.name: a for a in AXES_TABLE}
 AXES: tuple[str, ...] = tuple(BY_NAME)  # the names, in label order
 MACHINE: tuple[str, ...] = tuple(a.name for a in AXES_TABLE if a.machine)
 KNOBS: tuple[str, ...] = tuple(a.name for a in AXES_TABLE if not a.machine)
 SPEC: tuple[str, ...] = tuple(a.name for a in AXES_TABLE if a.in_spec)
+
+
+def applies(name: str, unit: Any) -> bool:
+    """Does axis `name` mean something for `unit` (a cell: ONLY_IN)?"""
+    on = ONLY_IN.get(name)
+    return on is None or getattr(unit, on[0], None) == on[1]
 
 
 def axis(name: str) -> Axis:

@@ -20,7 +20,7 @@ from lab import backends, images, isolation, osfacts, plan, tuning, wan
 from lab.axes import AXES, BY_NAME
 from lab.errors import ConfigError, HostUnreachable, SettingError, UnreachableError, UsageError
 from lab.labconfig import KNOWN_IMAGES, LabConfig
-from lab.model import ImageRef, Isolation
+from lab.model import ImageRef, Isolation, Runtime
 from lab.workloads import Workload, WorkloadContext, load_all
 
 
@@ -409,6 +409,15 @@ def check_isolation(cfg: LabConfig, cells: list[plan.Cell], known: dict[str, Wor
         why = isolation.kind_problem(kind)
         if why:
             raise ConfigError(src, f"matrix.isolation[{i}]", kind.value, why)
+    if Isolation.CONTAINER not in m.isolation:
+        for i, rt in enumerate(m.runtime):
+            if rt != Runtime.PODMAN:
+                raise ConfigError(
+                    src,
+                    f"matrix.runtime[{i}]",
+                    rt.value,
+                    'only container cells have a runtime, and matrix.isolation has no "container"',
+                )
     boxed = [c for c in cells if c.isolation != Isolation.VM]
     if not boxed and not (cfg.suite.bare_metal and any(k != Isolation.VM for k in m.isolation)):
         return

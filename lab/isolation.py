@@ -1,23 +1,29 @@
 """Isolation: where a cell's workloads run on its machine (the matrix axis `isolation`).
 
 - "vm": on the machine itself (the guest, or the host of the bare-metal cell); nothing is made.
-- "container": a Podman container on that machine, made for the cell in its tune stage and removed
-  at teardown. The workloads run unchanged: they get a Guest (ContainerGuest) whose every command
-  enters the container (`podman exec`).
+- "container": a container on that machine, made for the cell in its tune stage and removed at
+  teardown, by the cell's `runtime` (Podman, or Docker where the machine has it: RUNTIMES). The
+  workloads run unchanged: they get a Guest (ContainerGuest) whose every command enters the
+  container (`podman exec` / `docker exec`).
 - "jail" (FreeBSD guests and hosts) and "zone" (SmartOS): no runtime makes them here (no FreeBSD
   machine exists, the SmartOS emulator's zones are stubs), so lab.check refuses them at plan time.
 
-The container is the lab's base image (localhost/lab-base, imported into root's podman store when
-the golden image is built: nothing is pulled) with the machine's /usr, nginx configuration and site
+The container is the lab's base image (localhost/lab-base, imported into root's podman and docker
+stores when the golden image is built: nothing is pulled) with the machine's /usr, nginx configuration and site
 bound read-only. The suite thus runs the very binaries the VM cell runs, and what differs between
 the two cells is the isolation, not the build of the tools. The machine's own nginx is stopped and
 the container's serves the http workloads on the same address (network "host": the machine's
-stack; "bridge": podman's own namespace behind NAT, ports 80 and 443 published).
+stack; "bridge": the runtime's own namespace behind NAT, ports 80 and 443 published). Docker's
+daemon is socket-activated in the golden image: it first runs when a docker cell needs it, so VM
+and podman cells boot and measure a guest where it never ran.
 
 CPU busy %: a container shares its machine's kernel, so /proc/stat read inside it is the guest's:
 the busy % counts everything the guest ran, the container included, as in the VM cell. The CPU
 snapshot command is therefore run on the machine, not through `podman exec`: entering the
 container costs ~1.5 s of CPU under TCG, which would land inside the load's window.
+
+Docker and the bare-metal cell: docker's containers are made by its daemon, outside the cell's
+network namespace and cgroup, so the bare-metal docker cell is n/a with that reason.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ from typing import Any
 
 from lab import osfacts, proc
 from lab.errors import LabError
-from lab.model import Isolation
+from lab.model import Isolation, Runtime
 
 BASE_IMAGE = "localhost/lab-base:latest"  # lab.images.DEBIAN12.container.name (a test keeps them equal)
 # The machine's directories the container sees (read-only), when the machine has them: the tools
@@ -88,31 +94,71 @@ def workload_problem(name: str, params: dict[str, Any]) -> str:
     return ""
 
 
+@dataclass(frozen=True)
+class RuntimeFacts:
+    """What differs between the container runtimes the lab drives (their CLIs are otherwise alike)."""
+
+    command: str  # the CLI
+    marker: str  # the file the runtime puts in every container it runs, never on the machine
+    remove: tuple[str, ...]  # `rm` options that stop and remove at once
+    # `run` options that put both runtimes on the same footing. The golden image's kernel has
+    # AppArmor on but no apparmor_parser: podman then runs its containers unconfined, while docker
+    # refuses to start one unless told to do the same.
+    run: tuple[str, ...]
+    # "": the container can stay in the caller's cgroup (the bare-metal cell's); else why not
+    host_cgroup: tuple[str, ...] | str
+
+
+RUNTIMES: dict[Runtime, RuntimeFacts] = {
+    Runtime.PODMAN: RuntimeFacts(
+        "podman", "/run/.containerenv", ("--force", "--time", "0"), (), ("--cgroups=disabled",)
+    ),
+    Runtime.DOCKER: RuntimeFacts(
+        "docker",
+        "/.dockerenv",
+        ("--force",),
+        ("--security-opt", "apparmor=unconfined"),
+        "docker's daemon makes its containers outside the bare-metal cell's network namespace and "
+        "cgroup, so what they measured would not be the cell's (use runtime podman on the host)",
+    ),
+}
+
+
 def run_argv(
-    name: str, network: str, binds: list[str], labels: dict[str, str], *, host_cgroup: bool = False
+    name: str,
+    network: str,
+    binds: list[str],
+    labels: dict[str, str],
+    *,
+    host_cgroup: bool = False,
+    runtime: Runtime = Runtime.PODMAN,
 ) -> list[str]:
-    """Pure: `podman run` of the cell's container, idle until the workloads exec into it.
+    """Pure: `<runtime> run` of the cell's container, idle until the workloads exec into it.
     `host_cgroup`: the container stays in the caller's cgroup (the bare-metal cell's, whose CPU
-    accounting reads it) instead of getting one of its own."""
+    accounting reads it) instead of getting one of its own (podman only)."""
     if network not in NETWORKS:
         raise ValueError(f"network must be one of {', '.join(NETWORKS)}, got {network!r}")
-    argv = ["podman", "run", "--detach", "--name", name, f"--network={network}"]
+    rt = RUNTIMES[runtime]
+    argv = [rt.command, "run", "--detach", "--name", name, f"--network={network}", *rt.run]
     if network == "bridge":
         argv += [a for port in WEB_PORTS for a in ("--publish", f"{port}:{port}")]
     if host_cgroup:
-        argv += ["--cgroups=disabled"]
+        if isinstance(rt.host_cgroup, str):
+            raise ValueError(rt.host_cgroup)
+        argv += rt.host_cgroup
     argv += [a for k, v in sorted(labels.items()) for a in ("--label", f"{k}={v}")]
     argv += [a for d in binds for a in ("--volume", f"{d}:{d}:ro")]
     return argv + [BASE_IMAGE, "sleep", "infinity"]
 
 
-def exec_argv(name: str, command: str, *, stdin: bool = False) -> list[str]:
-    """Pure: `podman exec` of one shell command line in the container (-i only when input is sent)."""
-    return ["podman", "exec", *(["--interactive"] if stdin else []), name, "sh", "-c", command]
+def exec_argv(name: str, command: str, *, stdin: bool = False, runtime: Runtime = Runtime.PODMAN) -> list[str]:
+    """Pure: `<runtime> exec` of one shell command line in the container (-i only when input is sent)."""
+    return [RUNTIMES[runtime].command, "exec", *(["--interactive"] if stdin else []), name, "sh", "-c", command]
 
 
-def remove_argv(name: str) -> list[str]:
-    return ["podman", "rm", "--force", "--time", "0", name]
+def remove_argv(name: str, runtime: Runtime = Runtime.PODMAN) -> list[str]:
+    rt = RUNTIMES[runtime]
+    return [rt.command, "rm", *rt.remove, name]
 
 
 INSPECT_FORMAT = "{{.Id}} {{.State.Status}} {{.State.Pid}} {{.HostConfig.NetworkMode}}"
@@ -131,8 +177,8 @@ class ContainerGuest:
     HostGuest), except the CPU snapshot, which reads the same kernel counters on the machine
     itself (see the module's docstring)."""
 
-    def __init__(self, machine: Any, name: str, os_name: str):
-        self.machine, self.name = machine, name
+    def __init__(self, machine: Any, name: str, os_name: str, runtime: Runtime = Runtime.PODMAN):
+        self.machine, self.name, self.runtime = machine, name, runtime
         self.address, self.os = machine.address, machine.os
         self.known_hosts = machine.known_hosts  # the machine's: a workload's own SSH still reaches it
         # lab.workloads.cpu.snapshot's exact command line for this OS
@@ -144,7 +190,7 @@ class ContainerGuest:
             return self.machine.run(command, timeout=timeout, check=check, input=input)
         self.execs += 1
         return self.machine.run(
-            shlex.join(exec_argv(self.name, command, stdin=input is not None)),
+            shlex.join(exec_argv(self.name, command, stdin=input is not None, runtime=self.runtime)),
             timeout=timeout,
             check=check,
             input=input,
@@ -160,6 +206,11 @@ class ContainerGuest:
         pass  # the machine's connection is closed by whoever opened it
 
 
+def listed_argv(name: str, runtime: Runtime) -> list[str]:
+    """Pure: the names of containers called exactly `name` (empty output: none), in both CLIs."""
+    return [RUNTIMES[runtime].command, "ps", "--all", "--filter", f"name=^{name}$", "--format", "{{.Names}}"]
+
+
 @dataclass
 class Place:
     """Where a cell's workloads run: `guest` for them, `facts` to record with the cell (updated at
@@ -172,13 +223,13 @@ class Place:
     def remove(self) -> None:
         if not self.name:
             return
-        machine = self.guest.machine
+        machine, runtime = self.guest.machine, self.guest.runtime
         self.facts["execs"] = self.guest.execs
-        machine.run(shlex.join(remove_argv(self.name)), timeout=120, check=False)
-        gone = machine.run(f"podman container exists {shlex.quote(self.name)}", timeout=60, check=False)
-        self.facts["removed"] = gone.returncode == 1  # 1: no such container; 0: still there
+        machine.run(shlex.join(remove_argv(self.name, runtime)), timeout=120, check=False)
+        left = machine.run(shlex.join(listed_argv(self.name, runtime)), timeout=60, check=False)
+        self.facts["removed"] = left.returncode == 0 and not left.stdout.strip()
         if not self.facts["removed"]:
-            raise LabError(f"container {self.name} is still there after `podman rm --force`")
+            raise LabError(f"container {self.name} is still there after `{runtime.value} rm --force`")
 
 
 def enter(
@@ -188,6 +239,7 @@ def enter(
     name: str,
     os_name: str,
     network: str = "host",
+    runtime: Runtime = Runtime.PODMAN,
     labels: dict[str, str] | None = None,
     host_cgroup: bool = False,
     serve_web: bool = True,
@@ -201,24 +253,29 @@ def enter(
         return Place(machine)
     if kind != Isolation.CONTAINER:
         raise Unavailable(f"isolation {kind.value}: {kind_problem(kind) or 'not made by this lab'}")
-    if machine.run("command -v podman", timeout=30, check=False).returncode != 0:
-        raise Unavailable(f"isolation container: podman is not installed on {where}")
-    if machine.run(f"podman image exists {BASE_IMAGE}", timeout=120, check=False).returncode != 0:
+    rt = RUNTIMES[runtime]
+    if host_cgroup and isinstance(rt.host_cgroup, str):
+        raise Unavailable(f"isolation container, runtime {runtime.value}: {rt.host_cgroup}")
+    if machine.run(f"command -v {rt.command}", timeout=30, check=False).returncode != 0:
+        raise Unavailable(f"isolation container: {rt.command} is not installed on {where}")
+    facts: dict[str, Any] = {"kind": kind.value, "runtime": runtime.value, "image": BASE_IMAGE}
+    if rt.run:
+        facts["run_options"] = list(rt.run)
+    facts[rt.command] = _version(machine, runtime, where)
+    if machine.run(f"{rt.command} image inspect {BASE_IMAGE} >/dev/null", timeout=120, check=False).returncode != 0:
         raise Unavailable(
-            f"isolation container: {where} has no {BASE_IMAGE} in podman's store "
+            f"isolation container: {where} has no {BASE_IMAGE} in {rt.command}'s store "
             "(the golden image imports it when it is built: rebuild it)"
         )
     have = machine.run("ls -d " + " ".join(BINDS) + " 2>/dev/null", timeout=30, check=False).stdout.split()
     binds = [d for d in BINDS if d in have]
-    place = Place(
-        ContainerGuest(machine, name, os_name),
-        name=name,
-        facts={"kind": kind.value, "runtime": "podman", "image": BASE_IMAGE, "binds": binds, "network": network},
-    )
+    place = Place(ContainerGuest(machine, name, os_name, runtime), name=name, facts=facts)
+    facts.update(binds=binds, network=network)
     web = serve_web and machine.run("test -x /usr/sbin/nginx", timeout=30, check=False).returncode == 0
     if web:  # the container's nginx takes the machine's ports (host) or their published twins (bridge)
         machine.run(STOP_NGINX, timeout=60, check=False)
-    machine.run(shlex.join(run_argv(name, network, binds, labels or {}, host_cgroup=host_cgroup)), timeout=300)
+    argv = run_argv(name, network, binds, labels or {}, host_cgroup=host_cgroup, runtime=runtime)
+    machine.run(shlex.join(argv), timeout=300)
     try:
         _inside(place, machine, name, web)
     except BaseException:
@@ -230,20 +287,33 @@ def enter(
     return place
 
 
+def _version(machine: Any, runtime: Runtime, where: str) -> str:
+    """The runtime's version line. Docker's is its daemon's too: the golden image starts dockerd
+    on the first connection to its socket (slow under TCG), and a daemon that does not answer is
+    the machine's fault, not a missing runtime."""
+    if runtime == Runtime.PODMAN:
+        return machine.run("podman --version", timeout=60, check=False).stdout.strip()
+    res = machine.run("docker version --format 'docker {{.Server.Version}}'", timeout=300, check=False)
+    if res.returncode != 0:
+        raise LabError(f"docker's daemon on {where} does not answer: {(res.stderr or res.stdout).strip()[-300:]}")
+    return res.stdout.strip()
+
+
 def _inside(place: Place, machine: Any, name: str, web: bool) -> None:
     """Record what the container is, check that a command sent through the wrapper runs in it, and
     start its nginx when the machine has one."""
-    seen = machine.run(f"podman inspect --format {shlex.quote(INSPECT_FORMAT)} {shlex.quote(name)}", timeout=60)
+    rt = RUNTIMES[place.guest.runtime]
+    seen = machine.run(f"{rt.command} inspect --format {shlex.quote(INSPECT_FORMAT)} {shlex.quote(name)}", timeout=60)
     state = parse_inspect(seen.stdout)
     if not state:
-        raise LabError(f"container {name}: `podman inspect` did not say what it is: {seen.stdout.strip()[:200]!r}")
+        raise LabError(
+            f"container {name}: `{rt.command} inspect` did not say what it is: {seen.stdout.strip()[:200]!r}"
+        )
     place.facts.update(state)
-    place.facts["podman"] = machine.run("podman --version", timeout=60, check=False).stdout.strip()
-    # podman writes /run/.containerenv in every container it runs, never on the machine
-    probe = place.guest.run("test -f /run/.containerenv && echo inside", timeout=60, check=False)
+    probe = place.guest.run(f"test -f {rt.marker} && echo inside", timeout=60, check=False)
     if probe.stdout.strip() != "inside":
         raise LabError(f"container {name}: a command sent into it did not run in a container")
-    place.facts["inside"] = "/run/.containerenv present"
+    place.facts["inside"] = f"{rt.marker} present"
     if web:
         place.guest.run(f"mkdir -p {' '.join(NGINX_DIRS)} && /usr/sbin/nginx", timeout=60)
         place.facts["nginx"] = "in the container"

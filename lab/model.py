@@ -38,6 +38,13 @@ class Isolation(enum.StrEnum):
     ZONE = "zone"
 
 
+class Runtime(enum.StrEnum):
+    """The container runtime of a container cell (lab.isolation.RUNTIMES)."""
+
+    PODMAN = "podman"
+    DOCKER = "docker"
+
+
 class Accel(enum.StrEnum):
     KVM = "kvm"
     TCG = "tcg"

@@ -5,7 +5,7 @@ Besides the matrix cells a run can hold two kinds of extra cell ([suite] options
   show how much two identical setups differ (id `c01-aa`, label `<label>#aa`);
 - a bare-metal cell per local host and isolation kind (`bare_metal = true`): the suite run on the
   host itself, the baseline of "VM x % vs bare metal" tables (id `bm01`, label `<host>/bare-metal`),
-  or in a container on it (`<host>/bare-metal/isolation=container`).
+  or in a container on it (`<host>/bare-metal/isolation=container`), one per container runtime.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Final, Literal
 from lab import axes as axes_table, backends, osfacts, stats, tuning
 from lab.axes import AXES_TABLE
 from lab.labconfig import KNOWN_IMAGES, LabConfig
-from lab.model import ImageRef, Isolation, VmSpec
+from lab.model import ImageRef, Isolation, Runtime, VmSpec
 
 
 class _CellBase:
@@ -95,6 +95,7 @@ class BareMetalCell:
     host: str
     order_index: int  # position after the matrix cells (store ordering)
     isolation: Isolation = Isolation.VM  # "vm": on the host itself (lab.isolation)
+    runtime: Runtime = Runtime.PODMAN  # a container's (lab.isolation.RUNTIMES)
 
     kind: ClassVar[Literal["bare-metal"]] = BARE_METAL
 
@@ -104,12 +105,15 @@ class BareMetalCell:
 
     @property
     def label(self) -> str:
-        return f"{self.host}/{BARE_METAL}" + axes_table.axis("isolation").in_label(self.isolation)
+        return f"{self.host}/{BARE_METAL}" + "".join(
+            axes_table.axis(n).in_label(getattr(self, n)) for n in ("isolation", "runtime")
+        )
 
     def axes(self) -> dict[str, object]:
         out: dict[str, object] = {"host": self.host, "kind": BARE_METAL}
-        if self.isolation != Isolation.VM:
-            out["isolation"] = self.isolation.value
+        for name in ("isolation", "runtime"):
+            if getattr(self, name) != axes_table.axis(name).default:
+                out[name] = getattr(self, name).value
         return out
 
 
@@ -131,6 +135,12 @@ def cells(cfg: LabConfig) -> list[Cell]:
     out: list[Cell] = []
     for index, combo in enumerate(itertools.product(*(getattr(m, a.name) for a in AXES_TABLE)), start=1):
         cell = Cell(index, *combo)
+        # An axis that means nothing for this cell (a VM cell's container runtime): one cell, with
+        # the axis's default, stands for every value listed; the others are not cells.
+        moot = [n for n, (on, want) in axes_table.ONLY_IN.items() if getattr(cell, on) != want]
+        if any(getattr(cell, n) != getattr(m, n)[0] for n in moot):
+            continue
+        cell = replace(cell, **{n: axes_table.axis(n).default for n in moot})
         if not _excluded({**unset, **cell.axes()}, m.exclude):
             out.append(cell)
     return out
@@ -163,8 +173,12 @@ def units(cfg: LabConfig) -> list[Unit]:
         out.append(replace(matrix[0], replica=2))
     if cfg.suite.bare_metal:
         hosts = [h for h in cfg.matrix.host if backends.capabilities(cfg.hosts[h]).bare_metal]
-        both = [(h, k) for h in hosts for k in sorted(cfg.matrix.isolation, key=lambda k: k != Isolation.VM)]
-        out += [BareMetalCell(i, h, last + 1 + i, k) for i, (h, k) in enumerate(both, start=1)]
+        kinds = sorted(cfg.matrix.isolation, key=lambda k: k != Isolation.VM)
+        places = [
+            (k, rt) for k in kinds for rt in (cfg.matrix.runtime if k == Isolation.CONTAINER else [Runtime.PODMAN])
+        ]
+        both = [(h, k, rt) for h in hosts for k, rt in places]
+        out += [BareMetalCell(i, h, last + 1 + i, k, rt) for i, (h, k, rt) in enumerate(both, start=1)]
     return out
 
 

@@ -24,7 +24,7 @@ from lab import images, isolation, osfacts, tuning
 from lab.backends.vagrant import box
 from lab.backends.vagrant.vagrantfile import Machine, Network, Provisioner, render
 from lab.errors import UsageError
-from lab.model import DiskBus, NicModel
+from lab.model import DiskBus, NicModel, Runtime
 from lab.store import CellRow, Store
 from lab.wan import WanProfile, netem_args
 
@@ -116,19 +116,25 @@ def container_name(cell: CellRow) -> str | None:
     return f"lab-{cell.cell_id}" if (cell.facts.get("isolation") or {}).get("kind") == "container" else None
 
 
+def container_runtime(cell: CellRow) -> Runtime:
+    """The runtime that made the cell's container (runs before runtimes were recorded: podman)."""
+    return Runtime((cell.facts.get("isolation") or {}).get("runtime") or Runtime.PODMAN)
+
+
 def container_lines(cell: CellRow) -> list[str]:
     """The end of the tune stage of a container cell: its container, made as lab made it."""
     name, box = container_name(cell), cell.facts.get("isolation") or {}
     if name is None:
         return []
-    lines = ["# isolation: the workloads ran in a Podman container (lab/isolation.py); workloads.sh enters it"]
+    rt = container_runtime(cell)
+    lines = [f"# isolation: the workloads ran in a {rt.value} container (lab/isolation.py); workloads.sh enters it"]
     if box.get("nginx"):
         lines.append(isolation.STOP_NGINX)
-    lines.append(shlex.join(isolation.run_argv(name, str(box.get("network", "host")), list(box.get("binds", [])), {})))
+    argv = isolation.run_argv(name, str(box.get("network", "host")), list(box.get("binds", [])), {}, runtime=rt)
+    lines.append(shlex.join(argv))
     if box.get("nginx"):
-        lines.append(
-            shlex.join(isolation.exec_argv(name, f"mkdir -p {' '.join(isolation.NGINX_DIRS)} && /usr/sbin/nginx"))
-        )
+        start = f"mkdir -p {' '.join(isolation.NGINX_DIRS)} && /usr/sbin/nginx"
+        lines.append(shlex.join(isolation.exec_argv(name, start, runtime=rt)))
     return lines
 
 
@@ -142,7 +148,7 @@ def workloads_script(store: Store, run_id: str, cell: CellRow) -> str:
         "set -x",
     ]
     seen: set[str] = set()
-    inside = container_name(cell)
+    inside, rt = container_name(cell), container_runtime(cell)
     for _raw_id, cell_id, rep, raw in store.raw_outputs(run_id):
         if cell_id != cell.cell_id or rep < 0 or raw.workload in seen:
             continue
@@ -153,7 +159,7 @@ def workloads_script(store: Store, run_id: str, cell: CellRow) -> str:
             if Path(first).name in CLIENT_SIDE:
                 lines.append(f"# lab side: {command}")
             else:
-                lines.append(shlex.join(isolation.exec_argv(inside, command)) if inside else command)
+                lines.append(shlex.join(isolation.exec_argv(inside, command, runtime=rt)) if inside else command)
     if not seen:
         lines.append(f"# no workload ran in this cell (status {cell.status}: {cell.error or 'no error'})")
     return "\n".join(lines) + "\n"

@@ -248,9 +248,10 @@ def _parts(label: str) -> list[str]:
     every optional axis as name=value, its default where the label leaves it out (lab.axes)."""
     parts = label.split("/")
     named = dict(p.split("=", 1) for p in parts[MANDATORY:] if "=" in p)
-    return parts[:MANDATORY] + [
-        f"{a.name}={named.get(a.name, a.plain(a.default))}" for a in axes.AXES_TABLE if a.optional
-    ]
+    value = {a.name: named.get(a.name, a.plain(a.default)) for a in axes.AXES_TABLE if a.optional}
+    # an axis that means nothing for the cell (a VM cell's container runtime) is an empty part
+    moot = {n for n, (on, want) in axes.ONLY_IN.items() if value.get(on) != axes.axis(on).plain(want)}
+    return parts[:MANDATORY] + [f"{n}={v}" if n not in moot else "" for n, v in value.items()]
 
 
 def _short(cells: list[str]) -> dict[str, str]:
@@ -258,10 +259,11 @@ def _short(cells: list[str]) -> dict[str, str]:
     if not parts:
         return {}
     width = max(len(p) for p in parts)
-    varying = [i for i in range(width) if len({p[i] if i < len(p) else "" for p in parts}) > 1]
+    # an empty part (an axis moot for its cell) differs from nothing
+    varying = [i for i in range(width) if len({p[i] if i < len(p) else "" for p in parts} - {""}) > 1]
     if not varying:
         return {c: c.split("/")[2] if c.count("/") >= 2 else c for c in cells}
-    return {c: "/".join(p[i] for i in varying if i < len(p)) for c, p in zip(cells, parts)}
+    return {c: "/".join(p[i] for i in varying if i < len(p) and p[i]) for c, p in zip(cells, parts)}
 
 
 def fmt(v: float | None) -> str:

@@ -12,7 +12,7 @@ import pytest
 from conftest import lab_cli
 
 from lab import analysis, images, isolation, plan, runner
-from lab.model import Isolation
+from lab.model import Isolation, Runtime
 from lab.store import Store
 
 
@@ -64,6 +64,102 @@ def test_podman_argv():
         "network": "host",
     }
     assert isolation.parse_inspect("Error: no such container") == {}
+
+
+def test_docker_argv_differs_from_podman_only_where_the_clis_do():
+    docker = Runtime.DOCKER
+    argv = isolation.run_argv("n", "bridge", ["/usr"], {"lab.run": "r"}, runtime=docker)
+    podman = isolation.run_argv("n", "bridge", ["/usr"], {"lab.run": "r"})
+    # unconfined like podman's (no apparmor_parser in the image), else the same options
+    assert argv == ["docker", *podman[1:6], "--security-opt", "apparmor=unconfined", *podman[6:]]
+    assert isolation.exec_argv("n", "true", stdin=True, runtime=docker) == [
+        "docker",
+        "exec",
+        "--interactive",
+        "n",
+        "sh",
+        "-c",
+        "true",
+    ]
+    assert isolation.remove_argv("n", docker) == ["docker", "rm", "--force", "n"]  # docker rm has no --time
+    assert isolation.listed_argv("lab-x", docker) == [
+        "docker",
+        "ps",
+        "--all",
+        "--filter",
+        "name=^lab-x$",
+        "--format",
+        "{{.Names}}",
+    ]
+    # docker's daemon, not the caller, makes the container: it cannot join the bare-metal cell's cgroup
+    with pytest.raises(ValueError, match="daemon"):
+        isolation.run_argv("n", "host", [], {}, host_cgroup=True, runtime=docker)
+
+
+def test_the_runtime_axis_means_something_only_for_container_cells(fake_lab):
+    fake_lab.write(matrix='isolation = ["vm", "container"]\nruntime = ["podman", "docker"]', suite="bare_metal = true")
+    units = plan.units(fake_lab.load())
+    # the VM cell of runtime docker is not a cell (its index stays taken: ids do not move)
+    assert [(u.id, u.label) for u in units] == [
+        ("c01", "f/debian12/virtio/2c/1024m/virtio/linked/default"),
+        ("c03", "f/debian12/virtio/2c/1024m/virtio/linked/default/isolation=container"),
+        ("c04", "f/debian12/virtio/2c/1024m/virtio/linked/default/isolation=container/runtime=docker"),
+        ("bm01", "f/bare-metal"),
+        ("bm02", "f/bare-metal/isolation=container"),
+        ("bm03", "f/bare-metal/isolation=container/runtime=docker"),
+    ]
+    assert units[2].axes()["runtime"] == "docker" and units[5].axes()["runtime"] == "docker"
+    assert units[2].axes()["runtime"] == "docker" and "runtime" not in units[1].axes()
+    assert ("runtime", ["podman", "docker"]) in plan.comparisons(units)
+    # a lab that lists docker alone still has its VM cell, with no runtime
+    fake_lab.write(matrix='isolation = ["vm", "container"]\nruntime = ["docker"]')
+    assert [u.label.rsplit("/", 2)[-2:] for u in plan.units(fake_lab.load())] == [
+        ["linked", "default"],
+        ["isolation=container", "runtime=docker"],
+    ]
+
+
+def test_docker_and_podman_cells_side_by_side(fake_lab):
+    fake_lab.write(
+        matrix='isolation = ["vm", "container"]\nruntime = ["podman", "docker"]',
+        host='podman = ["vm"]\ndocker = ["vm"]',
+    )
+    cfg, store, rid = run(fake_lab)
+    cells = {c.cell_id: c for c in store.cells(rid)}
+    assert {k: c.status for k, c in cells.items()} == {"c01": "done", "c03": "done", "c04": "done"}
+    box = cells["c04"].facts["isolation"]
+    assert box["runtime"] == "docker" and box["docker"].startswith("docker ") and "podman" not in box
+    assert box["inside"] == "/.dockerenv present" and box["removed"] is True
+    assert cells["c03"].facts["isolation"]["runtime"] == "podman"
+    made = [x for x in fake.GUESTS[f"lab-{rid}-c04"].commands if " run --detach " in x]
+    assert len(made) == 1 and made[0].startswith("docker run ") and "--cgroups" not in made[0]
+    assert "docker rm --force" in " ".join(fake.GUESTS[f"lab-{rid}-c04"].commands)
+    samples = [s for s in store.samples(rid) if s.cell_id == "c04"]
+    assert samples and {s.labels["container_runtime"] for s in samples} == {"docker"}
+    a = analysis.side(rid, 0, store.cells(rid), store.samples(rid), {}, {"runtime": "podman"})
+    b = analysis.side(rid, 0, store.cells(rid), store.samples(rid), {}, {"runtime": "docker"})
+    # the VM cell has no runtime: neither side has it
+    assert {(x and x.cell_id, y and y.cell_id) for _, x, y in analysis.pair(a, b)} == {("c03", "c04")}
+    out = lab_cli("compare", rid, "--a", "runtime=podman", "--b", "runtime=docker", "-c", str(fake_lab.path))
+    assert out.returncode == 0, out.stderr
+    assert "ops_per_s" in out.stdout
+
+
+def test_docker_missing_or_on_bare_metal_makes_the_cell_na_with_the_reason(fake_lab):
+    fake_lab.write(
+        matrix='isolation = ["vm", "container"]\nruntime = ["docker"]',
+        suite="bare_metal = true",
+        host='podman = ["vm", "bare-metal"]\ndocker = ["bare-metal"]',
+    )
+    cfg, store, rid = run(fake_lab)
+    cells = {c.cell_id: c for c in store.cells(rid)}
+    assert cells["c01"].status == "done" and cells["bm01"].status == "done"
+    assert cells["c02"].status == "n/a"
+    assert cells["c02"].error == "isolation container: docker is not installed on the guest"
+    # the host has docker, but its daemon would make the container outside the cell's namespace and cgroup
+    assert cells["bm02"].status == "n/a" and "outside the bare-metal cell's network namespace" in cells["bm02"].error
+    assert not [s for s in store.samples(rid) if s.cell_id in ("c02", "bm02")] and fake.LIVE == {}
+    assert not [c for c in fake.GUESTS[f"lab-{rid}-bm02"].commands if c.startswith("docker run")]
 
 
 def test_the_wrapper_enters_the_container_except_for_the_cpu_snapshot():
@@ -194,6 +290,8 @@ def test_network_bridge_is_passed_to_podman(fake_lab):
         ),
         ('isolation = ["vm"]', "", '[isolation]\nnetwork = "slirp"\n', "isolation.network", "host"),
         ('isolation = ["cage"]', "", "", "matrix.isolation", "cage"),
+        ('runtime = ["podman", "docker"]', "", "", "matrix.runtime[1]", "only container cells"),
+        ('isolation = ["container"]\nruntime = ["lxc"]', "", "", "matrix.runtime", "lxc"),
     ],
 )
 def test_refused_at_plan_time_in_one_line(fake_lab, matrix, suite, extra, key, words):
@@ -220,9 +318,17 @@ def test_short_labels_line_optional_axes_up():
     }
     # an optional axis at its default is named, not an empty label
     assert results.short_labels([vm, vm + "/cc=bbr"]) == {vm: "cc=default", vm + "/cc=bbr": "cc=bbr"}
+    # a VM cell has no container runtime: it does not read "runtime=podman"
+    docker = vm + "/isolation=container/runtime=docker"
+    assert results.short_labels([vm, vm + "/isolation=container", docker]) == {
+        vm: "isolation=vm",
+        vm + "/isolation=container": "isolation=container/runtime=podman",
+        docker: "isolation=container/runtime=docker",
+    }
 
 
-def test_lab_reproduce_of_a_container_cell_makes_the_container_and_enters_it(tmp_path):
+@pytest.mark.parametrize("runtime", ["podman", "docker", None])  # None: a run from before runtimes: podman
+def test_lab_reproduce_of_a_container_cell_makes_the_container_and_enters_it(tmp_path, runtime):
     from pathlib import Path
 
     from lab import proc, reproduce
@@ -248,6 +354,7 @@ def test_lab_reproduce_of_a_container_cell_makes_the_container_and_enters_it(tmp
         "clone": "linked",
         "tuning": "default",
         "isolation": "container",
+        **({"runtime": runtime} if runtime == "docker" else {}),
     }
     s.add_cell("abcd1234", "c02", 2, "x/isolation=container", axes)
     s.cell_update(
@@ -263,6 +370,7 @@ def test_lab_reproduce_of_a_container_cell_makes_the_container_and_enters_it(tmp
                 "network": "host",
                 "binds": ["/usr", "/srv/www"],
                 "nginx": "in the container",
+                **({"runtime": runtime} if runtime else {}),
             },
         },
     )
@@ -272,12 +380,15 @@ def test_lab_reproduce_of_a_container_cell_makes_the_container_and_enters_it(tmp
     reproduce.reproduce(s, "latest", "c02", out, ssh_key=Path("/k/lab_key"))
     tune, work = (out / "tune.sh").read_text(), (out / "workloads.sh").read_text()
     assert isolation.STOP_NGINX in tune
+    cli = runtime or "podman"
+    unconfined = " --security-opt apparmor=unconfined" if cli == "docker" else ""
     assert (
-        "podman run --detach --name lab-c02 --network=host --volume /usr:/usr:ro --volume /srv/www:/srv/www:ro "
-        "localhost/lab-base:latest sleep infinity"
+        f"{cli} run --detach --name lab-c02 --network=host{unconfined} "
+        "--volume /usr:/usr:ro --volume /srv/www:/srv/www:ro localhost/lab-base:latest sleep infinity"
     ) in tune
-    assert "podman exec lab-c02 sh -c 'mkdir -p /var/lib/nginx /var/log/nginx && /usr/sbin/nginx'" in tune
-    assert "podman exec lab-c02 sh -c 'sysbench cpu --threads=1 run'" in work
+    assert f"# isolation: the workloads ran in a {cli} container" in tune
+    assert f"{cli} exec lab-c02 sh -c 'mkdir -p /var/lib/nginx /var/log/nginx && /usr/sbin/nginx'" in tune
+    assert f"{cli} exec lab-c02 sh -c 'sysbench cpu --threads=1 run'" in work
     assert "# lab side: wrk -t1 -c10 -d2s --latency http://10.77.0.10/" in work
     for script in ("tune.sh", "workloads.sh"):
         assert proc.run(["sh", "-n", str(out / script)], check=False).ok

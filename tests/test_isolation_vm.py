@@ -1,8 +1,10 @@
 """The isolation axis on a real guest: a short `lab run` on the local backend with isolation =
-["vm", "container"]. The container cell's workloads ran inside a Podman container in the guest
-(the wrapper's facts: podman's own id and state, /run/.containerenv seen by a command sent through
-it, every sample labelled with that container), nginx served the http load from inside it, and
-nothing is left: the container removed before the VM, the VM, its namespace and files gone."""
+["vm", "container"] and runtime = ["podman", "docker"]. Each container cell's workloads ran inside
+a container of its runtime in the guest (the wrapper's facts: the runtime's own id and state, its
+marker file seen by a command sent through it, every sample labelled with that container), nginx
+served the http load from inside it (tests/test_images_boot.py checks that docker's daemon does
+not run at boot, only its socket), and nothing is left: the containers removed before their
+VMs, the VMs, their namespace and files gone."""
 
 from __future__ import annotations
 
@@ -29,17 +31,19 @@ connections = [10]
 @pytest.mark.serial
 @pytest.mark.timeout(1200)
 def test_vm_and_container_in_vm(golden, workdir, tmp_path):
-    cfg = write_lab(tmp_path, workdir, matrix='isolation = ["vm", "container"]\n', suite=SUITE)
+    matrix = 'isolation = ["vm", "container"]\nruntime = ["podman", "docker"]\n'
+    cfg = write_lab(tmp_path, workdir, matrix=matrix, suite=SUITE)
     res = run_lab_cli("run", "-c", str(cfg), timeout=1100)
     assert res.returncode == 0, res.stderr[-3000:]
     store = Store(tmp_path / "results")
     (run,) = store.runs()
     cells = {c.cell_id: c for c in store.cells(run.id)}
-    assert {k: c.status for k, c in cells.items()} == {"c01": "done", "c02": "done"}, {
+    # c02 would be the VM cell of runtime docker: a VM cell has no runtime, so it is not a cell
+    assert {k: c.status for k, c in cells.items()} == {"c01": "done", "c03": "done", "c04": "done"}, {
         k: c.error for k, c in cells.items()
     }
     assert "isolation" not in cells["c01"].facts
-    box = cells["c02"].facts["isolation"]
+    box = cells["c03"].facts["isolation"]
     assert box["kind"] == "container" and box["runtime"] == "podman" and box["image"] == "localhost/lab-base:latest"
     assert box["state"] == "running" and box["pid"] > 0 and len(box["id"]) == 64 and box["network"] == "host"
     assert box["inside"] == "/run/.containerenv present" and box["nginx"] == "in the container"
@@ -47,11 +51,20 @@ def test_vm_and_container_in_vm(golden, workdir, tmp_path):
     # every repetition's commands entered it (sysbench: one load each; http: its prepare) and it was removed
     assert box["execs"] >= 3 and box["removed"] is True
     samples = store.samples(run.id)
-    mine = [s for s in samples if s.cell_id == "c02"]
+    mine = [s for s in samples if s.cell_id == "c03"]
     assert {s.workload for s in mine} == {"sysbench-cpu", "http"}
     assert {s.labels.get("container") for s in mine} == {box["id"][:12]}
     assert not [s for s in samples if s.cell_id == "c01" and "container" in s.labels]
-    for cid in ("c01", "c02"):
+    docker = cells["c04"].facts["isolation"]
+    assert docker["runtime"] == "docker" and docker["docker"].startswith("docker 20.10")
+    assert docker["inside"] == "/.dockerenv present" and docker["nginx"] == "in the container"
+    assert docker["state"] == "running" and len(docker["id"]) == 64 and docker["network"] == "host"
+    assert docker["execs"] >= 3 and docker["removed"] is True
+    assert docker["run_options"] == ["--security-opt", "apparmor=unconfined"] and "run_options" not in box
+    theirs = [s for s in samples if s.cell_id == "c04"]
+    assert {s.labels.get("container_runtime") for s in theirs} == {"docker"}
+    assert {s.labels.get("container") for s in theirs} == {docker["id"][:12]}
+    for cid in ("c01", "c03", "c04"):
         got = {(s.workload, s.metric) for s in samples if s.cell_id == cid}
         assert {
             ("sysbench-cpu", "events_per_s_1t"),
@@ -59,7 +72,8 @@ def test_vm_and_container_in_vm(golden, workdir, tmp_path):
             ("http", "requests_per_s_c10"),
             ("http", "cpu_busy_pct"),
         } <= got, (cid, sorted(got))
-    cmp = run_lab_cli("compare", run.id, "--a", "isolation=vm", "--b", "isolation=container", "-c", str(cfg))
-    assert cmp.returncode == 0, cmp.stderr
-    assert "events_per_s_1t" in cmp.stdout and "requests_per_s_c10" in cmp.stdout
+    for a, b in (("isolation=vm", "isolation=container"), ("runtime=podman", "runtime=docker")):
+        cmp = run_lab_cli("compare", run.id, "--a", a, "--b", b, "-c", str(cfg))
+        assert cmp.returncode == 0, cmp.stderr
+        assert "events_per_s_1t" in cmp.stdout and "requests_per_s_c10" in cmp.stdout
     assert leftovers(workdir, run.id) == []

@@ -59,7 +59,7 @@ def test_the_axes_table_drives_the_matrix_the_cell_and_the_columns():
         "wan",
     ]
     assert [a.column for a in axes.shown_columns(cfg().matrix)][-1] == "tuning"  # unset optional axes: no column
-    assert cells[0].machine() == ("local", "debian12", "virtio", 2, 1024, "virtio", "linked", "cold", "vm", 1)
+    assert cells[0].machine() == ("local", "debian12", "virtio", 2, 1024, "virtio", "linked", "cold", "vm", "podman", 1)
     spec = plan.vm_spec(cells[0], _image(), run_id="r")
     assert (spec.name, spec.nic, spec.vcpus, spec.memory_mib) == ("lab-r-c01", cells[0].nic, 2, 1024)
 

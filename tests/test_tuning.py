@@ -206,11 +206,13 @@ def test_example_loads_and_plans(path, tmp_path):
     elif path.stem == "lro":
         assert axes["offloads"] == {"lro=on", "lro=off"}
     elif path.stem == "isolation":
-        assert [(c.id, str(c.isolation)) for c in cells] == [
-            ("c01", "vm"),
-            ("c02", "container"),
-            ("bm01", "vm"),
-            ("bm02", "container"),
+        assert [(c.id, str(c.isolation), str(c.runtime)) for c in cells] == [
+            ("c01", "vm", "podman"),
+            ("c03", "container", "podman"),
+            ("c04", "container", "docker"),
+            ("bm01", "vm", "podman"),
+            ("bm02", "container", "podman"),
+            ("bm03", "container", "docker"),
         ]
     assert plan.equivalents(cfg, cells) == {}  # every example cell measures something different
     res = lab_cli("plan", "-c", str(path), cwd=tmp_path)

@@ -30,6 +30,14 @@ from lab.store import Store, StoreError
 from lab.workloads import load_all
 
 
+def _axis_text(a: axes.Axis, c: plan.Unit) -> str:
+    """A cell's value in a `lab plan` column. A bare-metal cell's missing axes say what stands in;
+    an axis that means nothing for the cell (a VM cell's container runtime) reads "-"."""
+    if not hasattr(c, a.name):
+        return a.bare_metal
+    return a.text(getattr(c, a.name)) if axes.applies(a.name, c) else "-"
+
+
 @cli.command("plan")
 @config_option
 @click.option(
@@ -76,13 +84,10 @@ def plan_cmd(config_path, check_hosts, as_json):
     )
     for c in units:
         if c.kind == plan.BARE_METAL:
-            # the axes a bare-metal cell has (isolation) read as a VM cell's; the others say what stands in
-            t.add_row(
-                c.id, c.host, *(a.text(getattr(c, a.name)) if hasattr(c, a.name) else a.bare_metal for a in columns[1:])
-            )
+            t.add_row(c.id, c.host, *(_axis_text(a, c) for a in columns[1:]))
             continue
         name = c.id + (" (A/A twin)" if c.replica != 1 else "") + (f" = {dups[c.id]}" if c.id in dups else "")
-        t.add_row(name, *(a.text(getattr(c, a.name)) for a in columns))
+        t.add_row(name, *(_axis_text(a, c) for a in columns))
     out.print(t)
     for later, first in dups.items():
         say(f"{later} is the same effective configuration as {first}: recorded as its duplicate, not run")

@@ -11,7 +11,7 @@ from lab import isolation, osfacts, plan, schedule, tuning, wan
 from lab.errors import VerificationError
 from lab.guest import Guest
 from lab.lifecycle import CellLife, Interrupted, lease_expiry
-from lab.model import CellStatus, ImageRef, Isolation, Vm, VmSpec
+from lab.model import CellStatus, ImageRef, Isolation, Runtime, Vm, VmSpec
 from lab.runner.context import RunContext
 from lab.runner.measure import run_workloads
 
@@ -139,7 +139,7 @@ def _vm_cell(
     if first != cell.id:  # found by reading back: the guest is configured as an earlier cell was
         life.facts.update({"duplicate_of": first, "duplicate_found": "read-back"})
         return life.finish(CellStatus.DUPLICATE, f"duplicate of {first} (same effective configuration, read back)")
-    where = isolate(ctx, life, cell.isolation, guest, image.os)
+    where = isolate(ctx, life, cell.isolation, guest, image.os, runtime=cell.runtime)
     if where is None:
         return
     life.enter("workloads")
@@ -176,6 +176,7 @@ def isolate(
     machine: Any,
     os_name: str,
     *,
+    runtime: Runtime = Runtime.PODMAN,
     host_cgroup: bool = False,
     serve_web: bool = True,
     where: str = "the guest",
@@ -191,6 +192,7 @@ def isolate(
             name=life.name,
             os_name=os_name,
             network=ctx.cfg.isolation.network,
+            runtime=runtime,
             labels={"lab.run": ctx.run_id, "lab.cell": life.cell.id},
             host_cgroup=host_cgroup,
             serve_web=serve_web,
@@ -207,7 +209,13 @@ def isolate(
 
 def isolation_labels(place: isolation.Place) -> dict[str, Any]:
     """What every sample of a cell in a container carries: the container it was measured in."""
-    return {"container": place.facts["id"][:12], "container_network": place.facts["network"]} if place.name else {}
+    if not place.name:
+        return {}
+    return {
+        "container": place.facts["id"][:12],
+        "container_network": place.facts["network"],
+        "container_runtime": place.facts["runtime"],
+    }
 
 
 def tune_network(
@@ -324,7 +332,15 @@ def _bare_metal_cell(
     life.facts["tuning"] = bm.effective_tuning()
     # The host's podman, if any: the container stays in the cell's cgroup (its CPU accounting)
     where = isolate(
-        ctx, life, cell.isolation, bm.guest, bm.guest.os, host_cgroup=True, serve_web=False, where="this host"
+        ctx,
+        life,
+        cell.isolation,
+        bm.guest,
+        bm.guest.os,
+        runtime=cell.runtime,
+        host_cgroup=True,
+        serve_web=False,
+        where="this host",
     )
     if where is None:
         return

@@ -171,6 +171,7 @@ class FakeBackend(Backend):
             interrupt=s.interrupt.get(vm.spec.cell_id) or s.interrupt.get("*"),
             os=vm.spec.image.os,
             podman="vm" in s.podman,
+            docker="vm" in s.docker,
         )
         GUESTS[vm.name] = g
         return g
@@ -206,6 +207,7 @@ class FakeBackend(Backend):
             fail=s.fail.get(cell_id) or s.fail.get("*"),
             interrupt=s.interrupt.get(cell_id) or s.interrupt.get("*"),
             podman="bare-metal" in s.podman,
+            docker="bare-metal" in s.docker,
         )
         GUESTS[name] = guest
         return FakeBareMetal(vm, guest, vm.address, {"cpu_accounting": "fake"})

@@ -1,6 +1,6 @@
 """A guest that answers the lab's commands from a small model of a Linux machine: the verify line,
 sysctls (read, set, congestion control), `ethtool -k/-K` and tc netem; and the fake workload's
-`fake-work` command; podman (lab.isolation's containers: run, exec, inspect, rm). A failing stage's
+`fake-work` command; podman and docker (lab.isolation's containers: run, exec, inspect, ps, rm). A failing stage's
 commands raise (CommandError), an interrupted one raises Interrupted, as the real Guest would
 surface a lost connection or a signal."""
 
@@ -30,6 +30,7 @@ class FakeGuest:
         interrupt: str | None = None,
         os: str = "debian",
         podman: bool = True,
+        docker: bool = False,
     ):
         self.address, self.facts, self.os = address, facts, os
         self.nic_driver, self.vcpus, self.memory_mib = nic_driver, vcpus, memory_mib
@@ -47,6 +48,7 @@ class FakeGuest:
         self.connected = self.closed = False
         self.known_hosts = None  # a fake has no SSH host key to check
         self.podman = podman
+        self.runtimes = {"podman": podman, "docker": docker}  # which container CLIs this machine has
         self.containers: dict[str, str] = {}  # name -> id, while it exists
         self.inside: list[str] = []  # the command lines that ran inside a container
         self.within: str | None = None  # the container the command being answered runs in
@@ -63,7 +65,7 @@ class FakeGuest:
         self.connected = True
 
     def run(self, command: str, *, timeout: float = 120.0, check: bool = True, input: str | None = None) -> proc.Result:
-        if command.startswith("podman exec "):  # the command runs as it would on the machine, inside
+        if re.match(r"(podman|docker) exec ", command):  # the command runs as it would on the machine, inside
             argv = shlex.split(command)
             name, inner = argv[-4], argv[-1]
             if name not in self.containers:
@@ -77,31 +79,43 @@ class FakeGuest:
             return proc.Result(argv, res.returncode, res.stdout, res.stderr, 0.0)
         self.commands.append(command)
         self._stage(_stage_of(command), command)
-        out, rc = self._podman(command) if re.search(r"podman|/run/\.containerenv|^ls -d /usr", command) else (None, 0)
+        container = re.search(r"podman|docker|/run/\.containerenv|^ls -d /usr", command)
+        out, rc = self._container(command) if container else (None, 0)
         if out is None:
             out = self._answer(command)
         return proc.Result(["ssh", self.address, command], rc, out, "", 0.0)
 
-    def _podman(self, command: str) -> tuple[str | None, int]:
-        """(output, status) of a podman command on this machine; (None, 0) when it is not one."""
+    def _container(self, command: str) -> tuple[str | None, int]:
+        """(output, status) of a podman or docker command on this machine; (None, 0) when it is not one."""
         inside = self.within is not None
-        if command.startswith("test -f /run/.containerenv"):
-            return ("inside\n" if inside else ""), 0 if inside else 1
+        if re.match(r"test -f (/run/\.containerenv|/\.dockerenv)", command):
+            made_by = next(
+                (c.split()[0] for c in self.commands if re.match(rf"\S+ run .*--name {self.within} ", c)), ""
+            )
+            mine = {"podman": "/run/.containerenv", "docker": "/.dockerenv"}.get(made_by) in command
+            return ("inside\n", 0) if inside and mine else ("", 1)
         if command.startswith("ls -d /usr"):
             return "/usr\n/etc/nginx\n/srv/www\n", 0
-        if command == "command -v podman":
-            return ("/usr/bin/podman\n", 0) if self.podman else ("", 1)
+        if command.startswith("command -v "):
+            cli = command.split()[-1]
+            return (f"/usr/bin/{cli}\n", 0) if self.runtimes.get(cli) else ("", 1)
         argv = shlex.split(command)
-        if not self.podman or argv[0] != "podman":
-            return ("", 127) if argv[0] == "podman" else (None, 0)
-        if argv[1:3] == ["image", "exists"] or argv[1:2] == ["--version"]:
-            return "podman version 4.3.1\n" if argv[1] == "--version" else "", 0
+        if argv[0] not in self.runtimes:
+            return None, 0
+        if not self.runtimes[argv[0]]:
+            return "", 127
+        if argv[1:3] == ["image", "inspect"]:
+            return "", 0
+        if argv[1:2] == ["--version"]:
+            return "podman version 4.3.1\n", 0
+        if argv[1:2] == ["version"]:
+            return "docker 20.10.24+dfsg1\n", 0
         if argv[1] == "run":
             name = argv[argv.index("--name") + 1]
             self.containers[name] = f"{len(self.containers) + 1:064x}"
             return self.containers[name] + "\n", 0
         if argv[1] == "inspect":
-            made = next((shlex.split(c) for c in self.commands if c.startswith("podman run") and argv[-1] in c), [])
+            made = next((shlex.split(c) for c in self.commands if " run " in c and argv[-1] in c), [])
             network = next((a.split("=", 1)[1] for a in made if a.startswith("--network=")), "host")
             if argv[-1] not in self.containers:
                 return "", 125
@@ -109,8 +123,9 @@ class FakeGuest:
         if argv[1] == "rm":
             self.containers.pop(argv[-1], None)
             return argv[-1] + "\n", 0
-        if argv[1:3] == ["container", "exists"]:
-            return "", 0 if argv[-1] in self.containers else 1
+        if argv[1] == "ps":
+            wanted = argv[argv.index("--filter") + 1].removeprefix("name=^").removesuffix("$")
+            return (wanted + "\n" if wanted in self.containers else ""), 0
         return "", 0
 
     def close(self) -> None:

@@ -29,6 +29,7 @@ class Settings(HostSettings):
     warm: dict[str, str] = {}  # warm snapshots it keeps: name -> the image build (sha256) each is of
     # Which machines have podman (and the lab's base image): "vm" (the guests), "bare-metal" (the host)
     podman: list[Literal["vm", "bare-metal"]] = ["vm"]
+    docker: list[Literal["vm", "bare-metal"]] = []  # likewise for docker (none by default)
     # The host goes away: "open_run" (at the start of the run) or a cell id (from that cell's clone
     # on, every call raises HostUnreachable)
     lost: str = ""
