@@ -28,12 +28,12 @@ connections = [10]
 """
 
 
-@pytest.mark.serial
-@pytest.mark.timeout(1200)
+# Not serial: nothing here compares throughput, so other VMs beside it skew nothing it asserts.
+@pytest.mark.timeout(1800)
 def test_vm_and_container_in_vm(golden, workdir, tmp_path):
     matrix = 'isolation = ["vm", "container"]\nruntime = ["podman", "docker"]\n'
     cfg = write_lab(tmp_path, workdir, matrix=matrix, suite=SUITE)
-    res = run_lab_cli("run", "-c", str(cfg), timeout=1100)
+    res = run_lab_cli("run", "-c", str(cfg), timeout=1700)
     assert res.returncode == 0, res.stderr[-3000:]
     store = Store(tmp_path / "results")
     (run,) = store.runs()
