@@ -8,9 +8,9 @@
 - "jail" (FreeBSD guests and hosts) and "zone" (SmartOS): no runtime makes them here (no FreeBSD
   machine exists, the SmartOS emulator's zones are stubs), so lab.check refuses them at plan time.
 
-The container is the lab's base image (localhost/lab-base, imported into root's podman and docker
-stores when the golden image is built: nothing is pulled) with the machine's /usr, nginx configuration and site
-bound read-only. The suite thus runs the very binaries the VM cell runs, and what differs between
+The container is the lab's base image (localhost/lab-base: imported into root's podman store when
+the golden image is built, into docker's from the tarball the image keeps when a docker cell first
+needs it; nothing is pulled) with the machine's /usr, nginx configuration and site bound read-only. The suite thus runs the very binaries the VM cell runs, and what differs between
 the two cells is the isolation, not the build of the tools. The machine's own nginx is stopped and
 the container's serves the http workloads on the same address (network "host": the machine's
 stack; "bridge": the runtime's own namespace behind NAT, ports 80 and 443 published). Docker's
@@ -29,6 +29,7 @@ network namespace and cgroup, so the bare-metal docker cell is n/a with that rea
 from __future__ import annotations
 
 import shlex
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,6 +38,10 @@ from lab.errors import LabError
 from lab.model import Isolation, Runtime
 
 BASE_IMAGE = "localhost/lab-base:latest"  # lab.images.DEBIAN12.container.name (a test keeps them equal)
+# The base image's tarball, kept in the golden image (packer/scripts/provision-debian.sh): a runtime
+# whose store lacks BASE_IMAGE (docker's: importing it at build would cost every build) imports it.
+BASE_TARBALL = "/var/lib/lab/lab-base.tar.zst"
+IMPORT_TIMEOUT_S = 900  # ~60 s under TCG for the 160 MB image
 # The machine's directories the container sees (read-only), when the machine has them: the tools
 # (/usr: Debian merges /bin, /sbin, /lib into it), nginx's configuration and the site it serves.
 BINDS = ("/usr", "/etc/nginx", "/srv/www")
@@ -105,7 +110,8 @@ class RuntimeFacts:
     # AppArmor on but no apparmor_parser: podman then runs its containers unconfined, while docker
     # refuses to start one unless told to do the same.
     run: tuple[str, ...]
-    # "": the container can stay in the caller's cgroup (the bare-metal cell's); else why not
+    # the `run` options that keep the container in the caller's cgroup (the bare-metal cell's), or
+    # why this runtime cannot (its daemon, not the caller, makes the container)
     host_cgroup: tuple[str, ...] | str
 
 
@@ -263,10 +269,7 @@ def enter(
         facts["run_options"] = list(rt.run)
     facts[rt.command] = _version(machine, runtime, where)
     if machine.run(f"{rt.command} image inspect {BASE_IMAGE} >/dev/null", timeout=120, check=False).returncode != 0:
-        raise Unavailable(
-            f"isolation container: {where} has no {BASE_IMAGE} in {rt.command}'s store "
-            "(the golden image imports it when it is built: rebuild it)"
-        )
+        facts["imported_s"] = _import_base(machine, runtime, where)
     have = machine.run("ls -d " + " ".join(BINDS) + " 2>/dev/null", timeout=30, check=False).stdout.split()
     binds = [d for d in BINDS if d in have]
     place = Place(ContainerGuest(machine, name, os_name, runtime), name=name, facts=facts)
@@ -285,6 +288,27 @@ def enter(
             pass  # the first error is the one to report; the machine goes at teardown anyway
         raise
     return place
+
+
+def import_argv(runtime: Runtime) -> str:
+    """Pure: the shell command line that imports BASE_TARBALL as BASE_IMAGE (what provisioning
+    does for podman at image build)."""
+    change = shlex.quote('CMD ["/bin/sh"]')
+    return f"zstd -dc {BASE_TARBALL} | {RUNTIMES[runtime].command} import --change {change} - {BASE_IMAGE} >/dev/null"
+
+
+def _import_base(machine: Any, runtime: Runtime, where: str) -> float:
+    """Import the base image into the runtime's store from the tarball the golden image keeps;
+    Unavailable (the cell is n/a) when there is none. Returns the seconds it took (a cell fact:
+    the tune stage, never a measurement, pays it)."""
+    if machine.run(f"test -f {BASE_TARBALL}", timeout=30, check=False).returncode != 0:
+        raise Unavailable(
+            f"isolation container: {where} has no {BASE_IMAGE} in {RUNTIMES[runtime].command}'s store "
+            f"and no {BASE_TARBALL} to import it from (rebuild the golden image)"
+        )
+    t0 = time.monotonic()
+    machine.run(import_argv(runtime), timeout=IMPORT_TIMEOUT_S)
+    return round(time.monotonic() - t0, 1)
 
 
 def _version(machine: Any, runtime: Runtime, where: str) -> str:

@@ -66,6 +66,17 @@ def test_podman_argv():
     assert isolation.parse_inspect("Error: no such container") == {}
 
 
+def test_the_tarball_docker_imports_is_the_one_the_golden_image_keeps():
+    from lab import PACKER_DIR
+
+    script = (PACKER_DIR / "scripts" / "provision-debian.sh").read_text()
+    assert f"install -D -m 0644 /run/lab-base.tar.zst {isolation.BASE_TARBALL}" in script
+    assert isolation.import_argv(Runtime.DOCKER) == (
+        f"zstd -dc {isolation.BASE_TARBALL} | docker import --change 'CMD [\"/bin/sh\"]' - "
+        "localhost/lab-base:latest >/dev/null"
+    )
+
+
 def test_docker_argv_differs_from_podman_only_where_the_clis_do():
     docker = Runtime.DOCKER
     argv = isolation.run_argv("n", "bridge", ["/usr"], {"lab.run": "r"}, runtime=docker)
@@ -130,6 +141,10 @@ def test_docker_and_podman_cells_side_by_side(fake_lab):
     box = cells["c04"].facts["isolation"]
     assert box["runtime"] == "docker" and box["docker"].startswith("docker ") and "podman" not in box
     assert box["inside"] == "/.dockerenv present" and box["removed"] is True
+    # docker's store got the base image from the golden image's tarball, in the tune stage
+    assert box["imported_s"] >= 0 and "imported_s" not in cells["c03"].facts["isolation"]
+    imports = [c for c in fake.GUESTS[f"lab-{rid}-c04"].commands if " import " in c]
+    assert imports == [isolation.import_argv(Runtime.DOCKER)]
     assert cells["c03"].facts["isolation"]["runtime"] == "podman"
     made = [x for x in fake.GUESTS[f"lab-{rid}-c04"].commands if " run --detach " in x]
     assert len(made) == 1 and made[0].startswith("docker run ") and "--cgroups" not in made[0]

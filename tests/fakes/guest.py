@@ -49,6 +49,7 @@ class FakeGuest:
         self.known_hosts = None  # a fake has no SSH host key to check
         self.podman = podman
         self.runtimes = {"podman": podman, "docker": docker}  # which container CLIs this machine has
+        self.images = {"podman": True, "docker": False}  # whose store holds the base image (as built)
         self.containers: dict[str, str] = {}  # name -> id, while it exists
         self.inside: list[str] = []  # the command lines that ran inside a container
         self.within: str | None = None  # the container the command being answered runs in
@@ -99,13 +100,17 @@ class FakeGuest:
         if command.startswith("command -v "):
             cli = command.split()[-1]
             return (f"/usr/bin/{cli}\n", 0) if self.runtimes.get(cli) else ("", 1)
+        imported = re.search(r"\| (podman|docker) import ", command)
+        if imported:  # from the tarball the golden image keeps
+            self.images[imported.group(1)] = True
+            return "", 0
         argv = shlex.split(command)
         if argv[0] not in self.runtimes:
             return None, 0
         if not self.runtimes[argv[0]]:
             return "", 127
         if argv[1:3] == ["image", "inspect"]:
-            return "", 0
+            return "", 0 if self.images[argv[0]] else 1
         if argv[1:2] == ["--version"]:
             return "podman version 4.3.1\n", 0
         if argv[1:2] == ["version"]:
