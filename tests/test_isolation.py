@@ -276,6 +276,20 @@ def test_a_guest_without_podman_makes_the_container_cell_na(fake_lab):
     assert not [s for s in store.samples(rid) if s.cell_id == "c02"] and fake.LIVE == {}
 
 
+def test_a_guest_without_the_tarball_makes_the_docker_cell_na(fake_lab, monkeypatch):
+    from fakes.guest import FakeGuest
+
+    monkeypatch.setattr(FakeGuest, "tarball", False)  # a golden image built before docker cells
+    fake_lab.write(matrix='isolation = ["container"]\nruntime = ["docker"]', host='docker = ["vm"]')
+    cfg, store, rid = run(fake_lab)
+    (c,) = store.cells(rid)
+    assert c.status == "n/a" and c.error == (
+        "isolation container: the guest has no localhost/lab-base:latest in docker's store and no "
+        "/var/lib/lab/lab-base.tar.zst to import it from (rebuild the golden image)"
+    )
+    assert not [x for x in fake.GUESTS[f"lab-{rid}-c01"].commands if " run --detach " in x] and fake.LIVE == {}
+
+
 def test_network_bridge_is_passed_to_podman(fake_lab):
     fake_lab.write(matrix='isolation = ["container"]', extra='[isolation]\nnetwork = "bridge"\n')
     cfg, store, rid = run(fake_lab)

@@ -16,6 +16,8 @@ from lab.osfacts import OsFacts
 
 
 class FakeGuest:
+    tarball = True  # the golden image keeps the base image's tarball (lab.isolation.BASE_TARBALL)
+
     def __init__(
         self,
         *,
@@ -80,7 +82,7 @@ class FakeGuest:
             return proc.Result(argv, res.returncode, res.stdout, res.stderr, 0.0)
         self.commands.append(command)
         self._stage(_stage_of(command), command)
-        container = re.search(r"podman|docker|/run/\.containerenv|^ls -d /usr", command)
+        container = re.search(r"podman|docker|/run/\.containerenv|^ls -d /usr|lab-base\.tar", command)
         out, rc = self._container(command) if container else (None, 0)
         if out is None:
             out = self._answer(command)
@@ -95,6 +97,8 @@ class FakeGuest:
             )
             mine = {"podman": "/run/.containerenv", "docker": "/.dockerenv"}.get(made_by) in command
             return ("inside\n", 0) if inside and mine else ("", 1)
+        if re.match(r"test -f \S+lab-base\.tar\.zst$", command):
+            return "", 0 if self.tarball else 1
         if command.startswith("ls -d /usr"):
             return "/usr\n/etc/nginx\n/srv/www\n", 0
         if command.startswith("command -v "):
