@@ -10,8 +10,9 @@
 
 The container is the lab's base image (localhost/lab-base: imported into root's podman store when
 the golden image is built, into docker's from the tarball the image keeps when a docker cell first
-needs it; nothing is pulled) with the machine's /usr, nginx configuration and site bound read-only. The suite thus runs the very binaries the VM cell runs, and what differs between
-the two cells is the isolation, not the build of the tools. The machine's own nginx is stopped and
+needs it; nothing is pulled) with the machine's /usr, nginx configuration and site bound
+read-only. The suite thus runs the very binaries the VM cell runs, and what differs between the
+two cells is the isolation, not the build of the tools. The machine's own nginx is stopped and
 the container's serves the http workloads on the same address (network "host": the machine's
 stack; "bridge": the runtime's own namespace behind NAT, ports 80 and 443 published). Docker's
 daemon is socket-activated in the golden image: it first runs when a docker cell needs it, so VM
