@@ -219,8 +219,11 @@ time.sleep(600)
 def test_killed_mid_build_and_after_restore_then_gc_keeps_only_the_snapshot(golden, workdir, tmp_path):
     cfg = write_lab(tmp_path, workdir, matrix='nic = ["virtio"]\n', suite='workloads = ["sysbench-cpu"]\n')
 
+    made: list[str] = []
+
     def maker() -> tuple[subprocess.Popen, str]:
         run_id = os.urandom(4).hex()
+        made.append(run_id)
         return subprocess.Popen(
             [sys.executable, "-c", textwrap.dedent(MAKER), str(workdir), run_id],
             stdout=subprocess.PIPE,
@@ -241,29 +244,39 @@ def test_killed_mid_build_and_after_restore_then_gc_keeps_only_the_snapshot(gold
         assert leftovers(workdir, run_id) == []
         assert not [n for n in local.list_netns() if n.startswith(f"lab-{run_id}")]
 
-    # 1. killed while the template boots: its QEMU, directory and tap are the run's, gc takes them
-    p, run_id = maker()
     try:
-        wait_until(
-            lambda: any(name.startswith(f"lab-{run_id}-w") for _, name in local.qemu_processes(workdir)),
-            timeout=120,
-            what="the template's QEMU",
-        )
+        # 1. killed while the template boots: its QEMU, directory and tap are the run's, gc takes them
+        p, run_id = maker()
+        try:
+            # a fresh interpreter importing lab beside the other worker's VMs: minutes, not seconds
+            wait_until(
+                lambda: any(name.startswith(f"lab-{run_id}-w") for _, name in local.qemu_processes(workdir)),
+                timeout=300,
+                what="the template's QEMU",
+            )
+        finally:
+            kill(p)
+        assert any(f"lab-{run_id}-w" in x for x in leftovers(workdir, run_id))
+        gc(run_id)
+        backend = local.LocalBackend("local", local.Settings(backend="local", workdir=str(workdir)))
+        assert backend.warm_snapshots() == []  # nothing half-made in the store
+        # 2. killed with a warm cell running: gc takes the cell, the snapshot stays (no run owns it)
+        p, run_id = maker()
+        try:
+            line = p.stdout.readline().strip()
+            assert line == "warm", line + (p.stderr.read() if p.poll() is not None else "")
+        finally:
+            kill(p)
+        assert leftovers(workdir, run_id)
+        gc(run_id)
+        (snap,) = backend.warm_snapshots()
+        assert snap.name.startswith("debian12-e1000-virtio-1c512m-") and snap.detail == golden.sha256
+        assert (workdir / "warm" / snap.name / warm.STATE).is_file()
     finally:
-        kill(p)
-    assert any(f"lab-{run_id}-w" in x for x in leftovers(workdir, run_id))
-    gc(run_id)
-    backend = local.LocalBackend("local", local.Settings(backend="local", workdir=str(workdir)))
-    assert backend.warm_snapshots() == []  # nothing half-made in the store
-    # 2. killed with a warm cell running: gc takes the cell, the snapshot stays (no run owns it)
-    p, run_id = maker()
-    try:
-        line = p.stdout.readline().strip()
-        assert line == "warm", line + (p.stderr.read() if p.poll() is not None else "")
-    finally:
-        kill(p)
-    assert leftovers(workdir, run_id)
-    gc(run_id)
-    (snap,) = backend.warm_snapshots()
-    assert snap.name.startswith("debian12-e1000-virtio-1c512m-") and snap.detail == golden.sha256
-    assert (workdir / "warm" / snap.name / warm.STATE).is_file()
+        # A failed attempt must not leave its killed runs' namespaces and QEMUs on the machine (CI
+        # runs on a shared one: an earlier failure here leaked `lab-<run>` namespaces).
+        run_lab_cli("gc", "-c", str(cfg), timeout=300)
+        for run_id in made:
+            for ns in local.list_netns():
+                if ns.startswith(f"lab-{run_id}"):
+                    local.remove_netns(ns)
