@@ -9,14 +9,13 @@
   machine exists, the SmartOS emulator's zones are stubs), so lab.check refuses them at plan time.
 
 The container is the lab's base image (localhost/lab-base: imported into root's podman store when
-the golden image is built, into docker's from the tarball the image keeps when a docker cell first
-needs it; nothing is pulled) with the machine's /usr, nginx configuration and site bound
+the golden image is built, into docker's from BASE_TARBALL when a docker cell first needs it;
+nothing is pulled) with the machine's /usr, nginx configuration and site bound
 read-only. The suite thus runs the very binaries the VM cell runs, and what differs between the
 two cells is the isolation, not the build of the tools. The machine's own nginx is stopped and
 the container's serves the http workloads on the same address (network "host": the machine's
-stack; "bridge": the runtime's own namespace behind NAT, ports 80 and 443 published). Docker's
-daemon is socket-activated in the golden image: it first runs when a docker cell needs it, so VM
-and podman cells boot and measure a guest where it never ran.
+stack; "bridge": the runtime's own namespace behind NAT, ports 80 and 443 published). The golden
+image has no docker yet (images/README.md): its docker cells are n/a with the reason.
 
 CPU busy %: a container shares its machine's kernel, so /proc/stat read inside it is the guest's:
 the busy % counts everything the guest ran, the container included, as in the VM cell. The CPU

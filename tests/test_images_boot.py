@@ -89,12 +89,6 @@ def test_clone_offers_the_image_host_keys_and_drives_the_osfacts_devices(golden,
             assert observed["nic_driver"] == facts("debian").nic_driver[nic]
             drivers = guest.run("sh -c " + shlex.quote(DISK_DRIVERS)).stdout.split()
             assert facts("debian").disk_driver[bus] in drivers, drivers
-            # docker is installed but never runs at boot: only its socket waits for a docker cell
-            units = guest.run(
-                "systemctl is-active docker.socket docker.service containerd.service; pgrep -x dockerd || true",
-                check=False,
-            ).stdout.split()
-            assert units == ["active", "inactive", "inactive"], units
 
         known = tmp_path / "known_hosts"
         known.write_text(images.known_hosts(golden, [address]))

@@ -66,17 +66,6 @@ def test_podman_argv():
     assert isolation.parse_inspect("Error: no such container") == {}
 
 
-def test_the_tarball_docker_imports_is_the_one_the_golden_image_keeps():
-    from lab import PACKER_DIR
-
-    script = (PACKER_DIR / "scripts" / "provision-debian.sh").read_text()
-    assert f"install -D -m 0644 /run/lab-base.tar.zst {isolation.BASE_TARBALL}" in script
-    assert isolation.import_argv(Runtime.DOCKER) == (
-        f"zstd -dc {isolation.BASE_TARBALL} | docker import --change 'CMD [\"/bin/sh\"]' - "
-        "localhost/lab-base:latest >/dev/null"
-    )
-
-
 def test_docker_argv_differs_from_podman_only_where_the_clis_do():
     docker = Runtime.DOCKER
     argv = isolation.run_argv("n", "bridge", ["/usr"], {"lab.run": "r"}, runtime=docker)

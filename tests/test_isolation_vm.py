@@ -1,10 +1,9 @@
 """The isolation axis on a real guest: a short `lab run` on the local backend with isolation =
-["vm", "container"] and runtime = ["podman", "docker"]. Each container cell's workloads ran inside
-a container of its runtime in the guest (the wrapper's facts: the runtime's own id and state, its
-marker file seen by a command sent through it, every sample labelled with that container), nginx
-served the http load from inside it (tests/test_images_boot.py checks that docker's daemon does
-not run at boot, only its socket), and nothing is left: the containers removed before their
-VMs, the VMs, their namespace and files gone."""
+["vm", "container"] and runtime = ["podman", "docker"]. The podman cell's workloads ran inside a
+Podman container in the guest (the wrapper's facts: podman's own id and state, its marker file seen
+by a command sent through it, every sample labelled with that container), nginx served the http
+load from inside it; the docker cell is n/a with the reason (the golden image has no docker); and
+nothing is left: the container removed before its VM, the VMs, their namespace and files gone."""
 
 from __future__ import annotations
 
@@ -39,7 +38,7 @@ def test_vm_and_container_in_vm(golden, workdir, tmp_path):
     (run,) = store.runs()
     cells = {c.cell_id: c for c in store.cells(run.id)}
     # c02 would be the VM cell of runtime docker: a VM cell has no runtime, so it is not a cell
-    assert {k: c.status for k, c in cells.items()} == {"c01": "done", "c03": "done", "c04": "done"}, {
+    assert {k: c.status for k, c in cells.items()} == {"c01": "done", "c03": "done", "c04": "n/a"}, {
         k: c.error for k, c in cells.items()
     }
     assert "isolation" not in cells["c01"].facts
@@ -55,18 +54,11 @@ def test_vm_and_container_in_vm(golden, workdir, tmp_path):
     assert {s.workload for s in mine} == {"sysbench-cpu", "http"}
     assert {s.labels.get("container") for s in mine} == {box["id"][:12]}
     assert not [s for s in samples if s.cell_id == "c01" and "container" in s.labels]
-    docker = cells["c04"].facts["isolation"]
-    assert docker["runtime"] == "docker" and docker["docker"].startswith("docker 20.10")
-    assert docker["inside"] == "/.dockerenv present" and docker["nginx"] == "in the container"
-    assert docker["state"] == "running" and len(docker["id"]) == 64 and docker["network"] == "host"
-    assert docker["execs"] >= 3 and docker["removed"] is True
-    # docker's store was filled from the golden image's tarball in the tune stage; podman's at build
-    assert docker["imported_s"] > 0 and "imported_s" not in box
-    assert docker["run_options"] == ["--security-opt", "apparmor=unconfined"] and "run_options" not in box
-    theirs = [s for s in samples if s.cell_id == "c04"]
-    assert {s.labels.get("container_runtime") for s in theirs} == {"docker"}
-    assert {s.labels.get("container") for s in theirs} == {docker["id"][:12]}
-    for cid in ("c01", "c03", "c04"):
+    # the golden image has no docker (see README, Isolation): its cell is n/a with the reason, no sample
+    assert cells["c04"].status == "n/a", cells["c04"].error
+    assert cells["c04"].error == "isolation container: docker is not installed on the guest"
+    assert not [s for s in samples if s.cell_id == "c04"]
+    for cid in ("c01", "c03"):
         got = {(s.workload, s.metric) for s in samples if s.cell_id == cid}
         assert {
             ("sysbench-cpu", "events_per_s_1t"),
@@ -74,7 +66,7 @@ def test_vm_and_container_in_vm(golden, workdir, tmp_path):
             ("http", "requests_per_s_c10"),
             ("http", "cpu_busy_pct"),
         } <= got, (cid, sorted(got))
-    for a, b in (("isolation=vm", "isolation=container"), ("runtime=podman", "runtime=docker")):
+    for a, b in (("isolation=vm", "isolation=container"),):
         cmp = run_lab_cli("compare", run.id, "--a", a, "--b", b, "-c", str(cfg))
         assert cmp.returncode == 0, cmp.stderr
         assert "events_per_s_1t" in cmp.stdout and "requests_per_s_c10" in cmp.stdout

@@ -164,9 +164,6 @@ DEBIAN12 = Recipe(
         "iptables",
         "hyperfine",
         "time",
-        # Docker beside Podman (the `runtime` axis): its daemon is socket-activated, off until a
-        # docker cell connects (packer/scripts/debian-rootfs-customize.sh)
-        "docker.io",
         # firmware boot (Proxmox VE, bhyve UEFI, libvirt boot = "disk"): GRUB's BIOS and UEFI images,
         # installed onto the disk during provisioning; mkfs.fat for the EFI system partition
         "grub-pc-bin",

@@ -25,10 +25,6 @@ test -s "$root/etc/machine-id"
 # sshd as a service started at boot (Debian's ssh.socket is Accept=no: no gain), the lab units on.
 chroot "$root" systemctl disable ssh.socket >/dev/null 2>&1 || true
 chroot "$root" systemctl enable ssh.service lab-net.service lab-ready.service nginx.service >/dev/null 2>&1
-# Docker's daemon (and containerd) start on the first connection to docker.sock, never at boot: a
-# guest that runs no docker cell boots and measures as if docker were not installed.
-chroot "$root" systemctl disable docker.service containerd.service >/dev/null 2>&1
-chroot "$root" systemctl enable docker.socket >/dev/null 2>&1
 grep -v '^#' "$LAB_MASKS" | grep . | while read -r unit; do
     ln -sf /dev/null "$root/etc/systemd/system/$unit"
 done

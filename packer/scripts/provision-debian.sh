@@ -46,17 +46,11 @@ base_image=localhost/lab-base:latest
 up() { echo "provision: $1 at $(cut -d' ' -f1 /proc/uptime) s of uptime"; }  # stage times in packer.log
 up "podman import"
 zstd -dc /run/lab-base.tar.zst | podman import --quiet --change 'CMD ["/bin/sh"]' - "$base_image" >/dev/null
+rm -f /run/lab-base.tar.zst
 up "container checks"
 podman run --rm --network=none "$base_image" sh -c 'git --version && ls /var/cache/lab-debs/*.deb' >/dev/null
 podman run --rm --runtime=runc --network=host "$base_image" true
 podman run --rm "$base_image" true  # the default bridge network: netavark + iptables work
-# Docker's store gets the same image from this tarball when a docker cell first needs it
-# (lab/isolation.py BASE_TARBALL): importing it here under TCG would cost every image build ~90 s
-# that only docker cells use. Its daemon never runs at boot (the customize hook's units).
-install -D -m 0644 /run/lab-base.tar.zst /var/lib/lab/lab-base.tar.zst
-rm -f /run/lab-base.tar.zst
-systemctl is-enabled docker.service >/dev/null 2>&1 && { echo "docker.service is enabled at boot" >&2; exit 1; }
-systemctl is-enabled docker.socket >/dev/null || { echo "docker.socket is not enabled" >&2; exit 1; }
 up "containers done"
 
 # --- bootloader: GRUB for BIOS (SeaBIOS, PVE's default) and UEFI (OVMF, bhyve) -------------------
@@ -123,7 +117,6 @@ kernels_json=$(for k in $kernels; do printf '"%s",' "$k"; done | sed 's/,$//')
     printf '    "runc": "%s",\n' "$(first runc --version)"
     printf '    "conmon": "%s",\n' "$(first conmon --version)"
     printf '    "netavark": "%s",\n' "$(first /usr/lib/podman/netavark --version)"
-    printf '    "docker": "%s",\n' "$(first docker --version)"
     printf '    "hyperfine": "%s",\n' "$(first hyperfine --version)"
     printf '    "openssh": "%s",\n' "$(first ssh -V)"
     printf '    "grub": "%s",\n' "$(first grub-install --version)"
@@ -139,7 +132,6 @@ kernels_json=$(for k in $kernels; do printf '"%s",' "$k"; done | sed 's/,$//')
     printf '    "curl": "%s",\n' "$(pkgver curl)"
     printf '    "openssh-server": "%s",\n' "$(pkgver openssh-server)"
     printf '    "podman": "%s",\n' "$(pkgver podman)"
-    printf '    "docker.io": "%s",\n' "$(pkgver docker.io)"
     printf '    "crun": "%s",\n' "$(pkgver crun)"
     printf '    "runc": "%s",\n' "$(pkgver runc)"
     printf '    "hyperfine": "%s",\n' "$(pkgver hyperfine)"
@@ -151,11 +143,10 @@ kernels_json=$(for k in $kernels; do printf '"%s",' "$k"; done | sed 's/,$//')
     printf '  "site_files": %s,\n' "$(find /srv/www -type f | wc -l)"
     printf '  "bulk_sha256": {"/bulk/1m.bin": "%s", "/bulk/64m.bin": "%s"},\n' \
         "$(sha256sum /srv/www/bulk/1m.bin | cut -d' ' -f1)" "$(sha256sum /srv/www/bulk/64m.bin | cut -d' ' -f1)"
-    printf '  "container": {"image_id": "%s", "image_bytes": %s, "store_bytes": %s, "kept_tarball": "%s"},\n' \
+    printf '  "container": {"image_id": "%s", "image_bytes": %s, "store_bytes": %s},\n' \
         "$(podman image inspect --format '{{.Id}}' "$base_image")" \
         "$(podman image inspect --format '{{.Size}}' "$base_image")" \
-        "$(du -sb /var/lib/containers/storage | cut -f1)" \
-        /var/lib/lab/lab-base.tar.zst
+        "$(du -sb /var/lib/containers/storage | cut -f1)"
     printf '  "dpkg_packages": %s\n' "$(dpkg-query -W -f='${db:Status-Abbrev}\n' | grep -c '^ii')"
     printf '}\n'
 } > /etc/lab-image.json
