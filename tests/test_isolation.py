@@ -164,6 +164,9 @@ def test_docker_missing_or_on_bare_metal_makes_the_cell_na_with_the_reason(fake_
     assert cells["bm02"].status == "n/a" and "outside the bare-metal cell's network namespace" in cells["bm02"].error
     assert not [s for s in store.samples(rid) if s.cell_id in ("c02", "bm02")] and fake.LIVE == {}
     assert not [c for c in fake.GUESTS[f"lab-{rid}-bm02"].commands if c.startswith("docker run")]
+    # an n/a container cell beside the VM: the comparison still answers (as the real-VM test asks)
+    out = lab_cli("compare", rid, "--a", "isolation=vm", "--b", "isolation=container", "-c", str(fake_lab.path))
+    assert out.returncode == 0, out.stderr
 
 
 def test_the_wrapper_enters_the_container_except_for_the_cpu_snapshot():
