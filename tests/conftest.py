@@ -103,10 +103,46 @@ def golden():
 
 @pytest.fixture
 def workdir():
-    """A short path (unix socket paths are limited to 108 bytes) that only this test uses."""
+    """A short path (unix socket paths are limited to 108 bytes) that only this test uses, guarded
+    against leaks (own_workdir)."""
+    yield from own_workdir()
+
+
+def own_workdir():
+    """The `workdir` fixture's body. At teardown, passed or failed, whatever runs of the directory
+    left on the machine is removed and the test errors: once the directory is gone, `lab gc` can no
+    longer tell those QEMUs and namespaces are the lab's (a failed kill test left its runs'
+    namespaces and a QEMU on a shared CI machine)."""
     d = Path(tempfile.mkdtemp(prefix="lw", dir="/var/tmp"))
     yield d
+    left = sweep(d)
     shutil.rmtree(d, ignore_errors=True)
+    if left:
+        pytest.fail(f"the test left these on the machine (now removed): {', '.join(left)}", pytrace=False)
+
+
+def sweep(workdir: Path) -> list[str]:
+    """Kill the QEMUs whose files are under `workdir` and remove the network namespaces of the runs
+    that used it (lab-<run>, lab-<run>-bm01: the runs named by its machine directories, run locks
+    and QEMUs); return what was there."""
+    from lab.backends import local
+    from lab.backends.local import host, layout
+
+    found, runs = [], set()
+    for pid, name in local.qemu_processes(workdir):
+        found.append(f"qemu pid {pid} {name}")
+        runs.add(layout.run_of(name))
+        host.kill_pid(pid, name)
+    if workdir.is_dir():
+        for p in workdir.glob("lab-*"):
+            runs.add(
+                layout.run_of_netns(p.name.removesuffix(".lock")) if p.suffix == ".lock" else layout.run_of(p.name)
+            )
+    for ns in local.list_netns():
+        if ns.startswith("lab-") and layout.run_of_netns(ns) in runs - {""}:
+            found.append(f"netns {ns}")
+            local.remove_netns(ns)
+    return found
 
 
 def write_lab(tmp_path: Path, workdir: Path, *, matrix: str = "", suite: str = "", extra: str = "") -> Path:
