@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lab import compare as compare_mod, hostinfo, results, stats
-from lab.axes import AXES, AXES_TABLE, ONLY_IN, axis
+from lab.axes import AXES, AXES_TABLE, axis, moot
 from lab.errors import UsageError
 from lab.plan import BARE_METAL, TWIN_SUFFIX
 from lab.store import CellRow, SampleRow
@@ -82,9 +82,8 @@ def matches(cell: CellRow, selector: dict[str, str]) -> bool:
     if kind(cell) != "vm":
         unset = {k: unset[k] for k in ("isolation", "runtime")}
     axes = {**unset, **cell.axes, "kind": kind(cell)}
-    for name, (on, want) in ONLY_IN.items():  # an axis that means nothing for the cell: it has none
-        if str(axes.get(on)) != axis(on).plain(want):
-            axes.pop(name, None)
+    for name in moot(axes):  # an axis that means nothing for the cell: it has none
+        axes.pop(name, None)
     return all(str(axes.get(k)) == v for k, v in selector.items())
 
 

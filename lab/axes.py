@@ -14,6 +14,7 @@ stay as they were when it did not exist.
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
@@ -106,10 +107,15 @@ KNOBS: tuple[str, ...] = tuple(a.name for a in AXES_TABLE if not a.machine)
 SPEC: tuple[str, ...] = tuple(a.name for a in AXES_TABLE if a.in_spec)
 
 
+def moot(values: Mapping[str, Any]) -> set[str]:
+    """Pure: the axes that mean nothing for a cell with these axis values (ONLY_IN); the values may
+    be enums or their stored strings, and a missing one is not the value that gives a meaning."""
+    return {n for n, (on, want) in ONLY_IN.items() if BY_NAME[on].plain(values.get(on)) != BY_NAME[on].plain(want)}
+
+
 def applies(name: str, unit: Any) -> bool:
-    """Does axis `name` mean something for `unit` (a cell: ONLY_IN)?"""
-    on = ONLY_IN.get(name)
-    return on is None or getattr(unit, on[0], None) == on[1]
+    """Does axis `name` mean something for `unit` (a matrix or bare-metal cell)?"""
+    return name not in moot({on: getattr(unit, on, None) for on, _ in ONLY_IN.values()})
 
 
 def axis(name: str) -> Axis:

@@ -38,8 +38,9 @@ from lab.errors import LabError
 from lab.model import Isolation, Runtime
 
 BASE_IMAGE = "localhost/lab-base:latest"  # lab.images.DEBIAN12.container.name (a test keeps them equal)
-# The base image's tarball, kept in the golden image (packer/scripts/provision-debian.sh): a runtime
-# whose store lacks BASE_IMAGE (docker's: importing it at build would cost every build) imports it.
+# Where a guest keeps the base image's tarball: a runtime whose store lacks BASE_IMAGE (docker's:
+# importing it at image build costs every build ~90 s under TCG) imports it from there. The debian12
+# image keeps none yet, because it has no docker yet (images/README.md).
 BASE_TARBALL = "/var/lib/lab/lab-base.tar.zst"
 IMPORT_TIMEOUT_S = 900  # ~60 s under TCG for the 160 MB image
 # The machine's directories the container sees (read-only), when the machine has them: the tools

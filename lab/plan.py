@@ -137,7 +137,7 @@ def cells(cfg: LabConfig) -> list[Cell]:
         cell = Cell(index, *combo)
         # An axis that means nothing for this cell (a VM cell's container runtime): one cell, with
         # the axis's default, stands for every value listed; the others are not cells.
-        moot = [n for n, (on, want) in axes_table.ONLY_IN.items() if getattr(cell, on) != want]
+        moot = axes_table.moot(cell.values())
         if any(getattr(cell, n) != getattr(m, n)[0] for n in moot):
             continue
         cell = replace(cell, **{n: axes_table.axis(n).default for n in moot})

@@ -250,7 +250,7 @@ def _parts(label: str) -> list[str]:
     named = dict(p.split("=", 1) for p in parts[MANDATORY:] if "=" in p)
     value = {a.name: named.get(a.name, a.plain(a.default)) for a in axes.AXES_TABLE if a.optional}
     # an axis that means nothing for the cell (a VM cell's container runtime) is an empty part
-    moot = {n for n, (on, want) in axes.ONLY_IN.items() if value.get(on) != axes.axis(on).plain(want)}
+    moot = axes.moot(value)
     return parts[:MANDATORY] + [f"{n}={v}" if n not in moot else "" for n, v in value.items()]
 
 
