@@ -61,6 +61,7 @@ if str(HERE) not in sys.path:  # the PVE emulator and the suite's parts live bes
     sys.path.insert(0, str(HERE))
 
 import libvirt_daemons  # noqa: E402
+import subnets  # noqa: E402
 from chaos_pve import (  # noqa: E402
     foreign_resources,
     host_disappears,
@@ -291,7 +292,7 @@ def libvirt_refuses_start(sc: Scenario, row: Row) -> None:
     t0 = time.monotonic()
     daemons = libvirt_daemons.ensure_running()
     row.notes.append(f"libvirtd ready in {time.monotonic() - t0:.0f} s")
-    n = 100 + secrets.randbelow(100)
+    n = subnets.free("10.79", proc.run(["ip", "-4", "-o", "addr", "show"], timeout=10).stdout) or 100
     bridge = f"labcbr{secrets.token_hex(3)}"
     proc.run(["ip", "link", "add", "name", bridge, "type", "bridge"])
     sc.bridges.append(bridge)

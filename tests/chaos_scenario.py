@@ -278,13 +278,13 @@ def gc_and_count(sc: Scenario, row: Row, before: set[tuple], run_ids: set[str]) 
     row.lost = len(before - samples(sc.results))
 
 
-def wait_for(what: str, pred, p: subprocess.Popen | None, timeout: float = 600):
+def wait_for(what: str, pred, p: subprocess.Popen | None, timeout: float = 600, detail=None):
     def check():
         if p is not None and p.poll() is not None:
             raise RuntimeError(f"`lab run` ended (exit {p.returncode}) before {what}")
         return pred()
 
-    return wait_until(check, timeout=timeout, what=what, interval=0.2)
+    return wait_until(check, timeout=timeout, what=what, interval=0.2, detail=detail)
 
 
 def finish(p: subprocess.Popen, timeout: float = 600) -> int:

@@ -58,8 +58,9 @@ def pytest_itemcollected(item):
 def pytest_collection_modifyitems(config, items):
     """Under `--dist loadgroup` (make test), xdist keeps the tests of one `xdist_group` on one
     worker by a suffix it adds to their node ids after collection. pytest 9.2 ignores that suffix
-    (pytest-xdist#1386): the groups are then scattered, and the libvirt tests start and stop
-    libvirtd under each other. Every grouped test then fails with the reason instead of flaking."""
+    (pytest-xdist#1386): the groups are then scattered (vagrant-libvirt's global network and box
+    store used from two workers, the four-lane tests' ten guests at once). Every grouped test then
+    fails with the reason instead of flaking."""
     if not getattr(config.option, "loadgroup", False):  # set on xdist workers under loadgroup only
         return
     for item in items:
@@ -226,11 +227,17 @@ def leftovers(workdir: Path, run_id: str | None = None) -> list[str]:
     return out
 
 
+def session_pid(config) -> int:
+    """The pid of the process that owns the pytest session: the xdist controller (a worker's
+    parent) or pytest itself."""
+    return os.getppid() if hasattr(config, "workerinput") else os.getpid()
+
+
 @pytest.fixture(scope="session")
-def libvirtd():
-    """A serving libvirtd + virtlogd for qemu:///system; stops only what it started. Tests using
-    it share the xdist group "libvirt-qemu-system", so one worker starts and stops the daemons
-    (tests/libvirt_daemons.py; the chaos suite's libvirt fault uses the same)."""
+def libvirtd(pytestconfig):
+    """A serving libvirtd + virtlogd for qemu:///system, shared by both xdist workers: started by
+    the first test that needs them, stopped when the session ends (pytest_sessionfinish), and only
+    if the session started them (tests/libvirt_daemons.py; the chaos suite's libvirt fault too)."""
     import libvirt_daemons
 
     if os.geteuid() != 0:
@@ -238,11 +245,14 @@ def libvirtd():
     for tool in ("libvirtd", "virtlogd", "virsh", "qemu-img", "qemu-system-x86_64"):
         if not shutil.which(tool) and not Path(f"/usr/sbin/{tool}").exists():
             pytest.skip(f"{tool} is not installed (make setup)")
-    started = libvirt_daemons.ensure_running()
-    try:
-        yield
-    finally:
-        libvirt_daemons.stop(started)
+    libvirt_daemons.ensure_running_for_session(session_pid(pytestconfig))
+
+
+def pytest_sessionfinish(session):
+    if not hasattr(session.config, "workerinput") and os.geteuid() == 0:
+        import libvirt_daemons
+
+        libvirt_daemons.stop_session(os.getpid())
 
 
 CHROMIUM_FLAGS = [

@@ -7,20 +7,27 @@ from __future__ import annotations
 import chaos
 import pytest
 
-# The rows that start libvirtd (its fault, and the planted domains) run on the libvirt tests'
-# worker; the rest beside them on the other worker, so that neither carries the whole suite.
-LIBVIRT_ROWS = ["libvirt-refuses-start", "foreign-resources"]
+# The short suite in three parts, so that the two workers share it. The rows that need libvirtd
+# (its fault, and the planted domains) take the session's daemons (conftest's libvirtd), so they
+# start none of their own to stop under another worker's libvirt test.
+PARTS = {
+    "libvirt": ["libvirt-refuses-start", "foreign-resources"],
+    "pve": [f for f in chaos.CONFIGS["short"].faults if f.startswith("pve-")],
+}
+
+
+def part_of(fault: str) -> str:
+    return next((name for name, faults in PARTS.items() if fault in faults), "others")
 
 
 @pytest.mark.vm
 @pytest.mark.image
 @pytest.mark.timeout(1500)
-@pytest.mark.parametrize(
-    "part",
-    [pytest.param("libvirt", marks=pytest.mark.xdist_group("libvirt-qemu-system")), "others"],
-)
-def test_chaos_short(golden, capsys, part):
-    faults = [f for f in chaos.CONFIGS["short"].faults if (f in LIBVIRT_ROWS) == (part == "libvirt")]
+@pytest.mark.parametrize("part", ["libvirt", "pve", "others"])
+def test_chaos_short(golden, capsys, request, part):
+    if part == "libvirt":
+        request.getfixturevalue("libvirtd")
+    faults = [f for f in chaos.CONFIGS["short"].faults if part_of(f) == part]
     rows, totals = chaos.run_suite("short", only=faults)
     text = chaos.table(rows, totals)
     with capsys.disabled():
@@ -35,6 +42,12 @@ def test_chaos_short(golden, capsys, part):
     if part == "others":  # the kill mid-workload had stored samples to lose, and kept them
         killed = next(r for r in rows if r.fault == "kill-orchestrator-workload")
         assert "no sample stored before the kill" not in killed.notes, text
+
+
+def test_the_parts_cover_the_short_suite_once():
+    faults = chaos.CONFIGS["short"].faults
+    parts = [[f for f in faults if part_of(f) == p] for p in ("libvirt", "pve", "others")]
+    assert sorted(sum(parts, [])) == sorted(faults) and all(parts)
 
 
 def test_verdicts_on_bad_outcomes(tmp_path):

@@ -26,8 +26,10 @@ def test_serving_tells_a_listener_from_a_stale_socket_file(tmp_path):
     assert not libvirt_daemons.serving(path)
 
 
-@pytest.mark.vm  # starts and stops the system's libvirtd: never in the fast lane (see test_libvirt_dhcp)
-@pytest.mark.xdist_group("libvirt-qemu-system")  # the worker that starts and stops libvirtd
+# Starts and stops the system's libvirtd: never in the fast lane, and in make test's serial pass,
+# where no other test holds the session's daemons (conftest's libvirtd serves both workers before).
+@pytest.mark.vm
+@pytest.mark.serial
 def test_a_stale_virtlogd_socket_is_replaced_by_a_serving_daemon():
     if os.geteuid() != 0 or not shutil.which("virtlogd") or not shutil.which("libvirtd"):
         pytest.skip("needs root and libvirt's daemons (make setup)")

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+import subnets
 from conftest import LIBVIRT_URI
 
 from lab import proc
@@ -28,7 +29,7 @@ from lab.backends.libvirt.settings import Settings  # noqa: E402
 
 # No VM boots, but the system's libvirtd does (root): marked vm so the fast lane, which other runs
 # share the machine with, never starts or stops the daemon under a VM test.
-pytestmark = [pytest.mark.vm, pytest.mark.timeout(300), pytest.mark.xdist_group("libvirt-qemu-system")]
+pytestmark = [pytest.mark.vm, pytest.mark.timeout(300)]
 
 
 @pytest.fixture
@@ -37,7 +38,7 @@ def lab_network(libvirtd):
         if not shutil.which(tool):
             pytest.skip(f"{tool} is not installed (make setup)")
     used = proc.run(["ip", "-4", "-o", "addr", "show"], timeout=10).stdout
-    n = next((n for n in range(100, 200) if f" 10.79.{n}." not in used), None)
+    n = next((n for n in subnets.octets() if f" 10.79.{n}." not in used), None)
     if n is None:
         pytest.skip("no free 10.79.x.0/24 subnet")
     tag = secrets.token_hex(3)

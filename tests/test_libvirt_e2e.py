@@ -31,6 +31,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import subnets
 from conftest import LAB, LIBVIRT_URI as URI, run_lab_cli
 from libvirt_daemons import VIRSH_TIMEOUT
 
@@ -57,7 +58,6 @@ pytestmark = [
     pytest.mark.vm,
     pytest.mark.image,
     pytest.mark.timeout(900),
-    pytest.mark.xdist_group("libvirt-qemu-system"),
 ]
 
 
@@ -74,12 +74,8 @@ def bridge_ports(bridge: str) -> list[str]:
 @pytest.fixture
 def lab_bridge():
     """An isolated bridge 10.78.<n>.1/24: no uplink, no NAT, deleted afterwards."""
-    used = proc.run(["ip", "-4", "-o", "addr", "show"], timeout=10).stdout
-    for _ in range(50):
-        n = 100 + secrets.randbelow(100)
-        if f" 10.78.{n}." not in used:
-            break
-    else:
+    n = subnets.free("10.78", proc.run(["ip", "-4", "-o", "addr", "show"], timeout=10).stdout)
+    if n is None:
         pytest.skip("no free 10.78.x.0/24 subnet")
     name = f"labvbr{secrets.token_hex(3)}"
     proc.run(["ip", "link", "add", "name", name, "type", "bridge"], timeout=10)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import subnets
 from conftest import LIBVIRT_URI as URI
 
 import lab
@@ -36,7 +37,6 @@ pytestmark = [
     pytest.mark.vm,
     pytest.mark.image,
     pytest.mark.timeout(1800),
-    pytest.mark.xdist_group("libvirt-qemu-system"),
 ]
 
 
@@ -50,8 +50,7 @@ class WarmHost:
 
 @pytest.fixture(scope="module")
 def warm_host(libvirtd, golden):
-    used = proc.run(["ip", "-4", "-o", "addr", "show"], timeout=10).stdout
-    n = next((n for n in (100 + secrets.randbelow(100) for _ in range(50)) if f" 10.78.{n}." not in used), None)
+    n = subnets.free("10.78", proc.run(["ip", "-4", "-o", "addr", "show"], timeout=10).stdout)
     if n is None:
         pytest.skip("no free 10.78.x.0/24 subnet")
     bridge = f"labvbr{secrets.token_hex(3)}"
@@ -214,14 +213,14 @@ def test_a_broken_snapshot_makes_the_cell_boot_cold_and_say_why(warm_host, golde
     finally:
         state.write_bytes(original)
 
-    # missing: gone between clone and start
+    # missing: gone between clone and start (the cold boot that follows is the corrupt case's: not
+    # waited for twice)
     vm = backend.clone(golden, cell(golden, run_id, "missing", "warm"))
     hidden = state.with_suffix(".hidden")
     state.rename(hidden)
     try:
         backend.start(vm)
         assert vm.facts["start"].startswith("cold: ") and "warm state" in vm.facts["start"], vm.facts
-        assert backend.wait_ready(vm, timeout=480) == vm.spec.ip
     finally:
         hidden.rename(state)
         backend.destroy(vm)

@@ -47,13 +47,12 @@ from lab.runner import verify
 from lab.store import Store
 from lab.wait import wait_until
 
-# one xdist worker runs them with the libvirt tests: the libvirtd fixture may start and stop the daemon
 pytestmark = [
     pytest.mark.vm,
     pytest.mark.image,
     pytest.mark.root,
     pytest.mark.timeout(1800),
-    pytest.mark.xdist_group("libvirt-qemu-system"),
+    pytest.mark.xdist_group("vagrant"),  # vagrant-libvirt's management network and box store are global
 ]
 
 
