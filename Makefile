@@ -45,7 +45,8 @@ run: images
 
 # Two passes: everything independent in parallel on 2 workers (the libvirt tests on both, sharing
 # one libvirtd the session starts and stops), then, alone, the measurements that other VMs on the
-# same 2 cores would skew (virtio vs e1000 throughput) and the test that starts libvirtd itself.
+# same 2 cores would skew (virtio vs e1000 throughput), and the tests that start libvirtd themselves
+# or `lab gc --force` every lab domain of qemu:///system (tests/test_chaos.py).
 # (pyproject's addopts select the fast lane; the -m and -n given here replace them; --durations
 # prints the slowest tests, so a CI log says where the time went)
 test: lint images

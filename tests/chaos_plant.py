@@ -97,11 +97,13 @@ def plant_local(planted: Planted, workdir: Path, cgroup_parent: Path | None, tag
     """Machine directories, a namespace with its lock file, a cgroup: `tag` makes the run ids."""
     cg = cgroup_parent / f"lab-{tag}1-c01" if cgroup_parent is not None else None
     if cg is not None:
-        cg.mkdir()
+        # a suite killed midway (a CI timeout) leaves its planted cgroup: the same foreign thing
+        cg.mkdir(exist_ok=True)
         planted.cgroups.append(cg)
         sleeper = proc.spawn(["sh", "-c", f'echo $$ > "{cg}/cgroup.procs" && exec sleep 3600'])
         planted.processes[f"in cgroup {cg.name}"] = sleeper
     ns = f"lab-{tag}2"
+    proc.run(["ip", "netns", "delete", ns], check=False)  # a killed suite's (as the cgroup above)
     proc.run(["ip", "netns", "add", ns])
     planted.netns.append(ns)
     planted.processes[f"in netns {ns}"] = proc.spawn(["sleep", "3600"], netns=ns)

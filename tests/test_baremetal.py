@@ -7,6 +7,7 @@ rounds and adaptive repetition end to end. Root only (namespaces, cgroups)."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -180,16 +181,24 @@ connections = [10]
     assert cell.facts["verified"]["vcpus"] == os.cpu_count() and cell.facts["verified"]["nic_driver"] == "veth"
     assert "cgroup" in cell.facts["cpu_accounting"] and "nginx" in cell.facts
     assert not cell.facts.get("skipped_workloads")
-    # adaptive with a wide target: the minimum n; 3 per boot -> two rounds, each with its warm-ups
+    # adaptive with the widest target (±100 %): the minimum n, 5, or one more where the host's load
+    # spread a workload's 5 samples beyond it (under make test's other worker, iperf3 once read
+    # 15183, 6035, 5809, 5890, 9552 Mbit/s: the CI reached 151 % above the median); 3 per boot ->
+    # two rounds, each with its warm-ups, the extra repetition in the second
+    stopped = run.manifest["repetitions"]["bm01"]
     n = {}
     for s in store.samples(run.id):
         n.setdefault((s.workload, s.metric), set()).add(s.repetition)
-    assert {k: len(v) for k, v in n.items() if k[1].startswith(("events_per_s", "throughput", "requests"))} == {
-        ("sysbench-cpu", "events_per_s_1t"): 5,
-        ("iperf3-tcp", "throughput_mbit_s_tx"): 5,
-        ("http", "requests_per_s_c10"): 5,
-        ("https", "requests_per_s_c10"): 5,
+    counted = {k: len(v) for k, v in n.items() if k[1].startswith(("events_per_s", "throughput", "requests"))}
+    assert set(counted) == {
+        ("sysbench-cpu", "events_per_s_1t"),
+        ("iperf3-tcp", "throughput_mbit_s_tx"),
+        ("http", "requests_per_s_c10"),
+        ("https", "requests_per_s_c10"),
     }
+    for (wl, _), got in counted.items():
+        assert got == stopped[wl]["n"] and got in (5, 6), (wl, got, stopped[wl])
+        assert stopped[wl]["stopped"] == f"95 % CI of the median within ±100 % at n = {got}", stopped[wl]
     ex = store.executions(run.id)
     assert all(e.outcome == "ok" and e.finished_at and e.raw_id for e in ex)
     assert [(e.round, e.workload, e.repetition) for e in ex if e.workload == "iperf3-tcp"] == [
@@ -198,25 +207,23 @@ connections = [10]
         (1, "iperf3-tcp", 1),
         (1, "iperf3-tcp", 2),
         (2, "iperf3-tcp", -1),
-        (2, "iperf3-tcp", 3),
-        (2, "iperf3-tcp", 4),
+        *((2, "iperf3-tcp", r) for r in range(3, stopped["iperf3-tcp"]["n"])),
     ]
     assert [e.seq for e in ex] == sorted(e.seq for e in ex)
     assert run.manifest["rounds"] == [["bm01"], ["bm01"]]
     assert run.manifest["schedule"]["order"] == "interleaved" and run.manifest["schedule"]["seed"] == run.seed
-    stopped = run.manifest["repetitions"]["bm01"]
-    assert all(v["n"] == 5 and v["stopped"].startswith("95 % CI of the median within ±100 %") for v in stopped.values())
     assert {s.labels["round"] for s in store.samples(run.id)} == {1, 2}
-    # CPU busy % of the cell's own cgroup: one sysbench thread is one CPU of the host's, whatever
-    # else the machine runs
+    # CPU busy % of the cell's own cgroup: one sysbench thread is at most one CPU of the host's,
+    # whatever else the machine runs (the other worker's VMs take some of that CPU: 27-34 % of the
+    # host's 50 % beside a four-lane test; something, never nothing)
     busy = [s.value for s in store.samples(run.id) if s.metric == "cpu_busy_pct_1t"]
     one_cpu = 100.0 / os.cpu_count()
-    assert all(0.4 * one_cpu < b < 1.2 * one_cpu for b in busy), busy
+    assert all(0.1 * one_cpu < b < 1.2 * one_cpu for b in busy), busy
     # everything made is gone: directory, namespace, cgroup, nginx
     assert leftovers(workdir, run.id) == [] and cgroups_of(run.id) == []
     assert not any(ns.startswith(f"lab-{run.id}") for ns in local.list_netns())
     show = run_lab_cli("show", run.id, "-c", str(cfg))
-    assert show.returncode == 0 and "bare-metal" in show.stdout and "n = 5, 95 % CI" in show.stdout
+    assert show.returncode == 0 and "bare-metal" in show.stdout and re.search(r"n = [56], 95 % CI", show.stdout)
 
 
 def test_adaptive_budget_and_kill_9_then_gc(workdir, tmp_path):
