@@ -125,9 +125,7 @@ CONFIGS = {
         "long",
         VM_FAULTS
         + ["ssh-cut", "sshd-killed", "kill-then-resume", "kill-with-client-vm"]
-        + SHORT[3:4]
-        + ["pve-template-locked"]
-        + SHORT[4:5]
+        + ["pve-task-fails", "pve-template-locked", "pve-lock-on-teardown"]
         + PVE_SHORT
         + PVE_LONG
         + SHORT[-3:],
@@ -293,7 +291,7 @@ def libvirt_refuses_start(sc: Scenario, row: Row) -> None:
     t0 = time.monotonic()
     daemons = libvirt_daemons.ensure_running()
     row.notes.append(f"libvirtd ready in {time.monotonic() - t0:.0f} s")
-    n = subnets.free("10.79", proc.run(["ip", "-4", "-o", "addr", "show"], timeout=10).stdout) or 100
+    n = subnets.free("10.79") or 100
     bridge = f"labcbr{secrets.token_hex(3)}"
     proc.run(["ip", "link", "add", "name", bridge, "type", "bridge"])
     sc.bridges.append(bridge)

@@ -16,10 +16,10 @@ import os
 import signal
 import socket
 import subprocess
-import time
 from pathlib import Path
 
 from lab import proc
+from lab.errors import TimeoutError_
 from lab.wait import wait_until
 
 URI = "qemu:///system"
@@ -122,10 +122,9 @@ def stop_session(session_pid: int) -> None:
     for pid in json.loads(path.read_text()):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGTERM)
-            deadline = time.monotonic() + 30
-            while _alive(pid) and time.monotonic() < deadline:
-                time.sleep(0.2)
-            if _alive(pid):
+            try:
+                wait_until(lambda: not _alive(pid), timeout=30, what=f"pid {pid} to exit", interval=0.2)
+            except TimeoutError_:
                 os.kill(pid, signal.SIGKILL)
     path.unlink()
 

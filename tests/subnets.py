@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 import secrets
 
+from lab import proc
+
 
 def octets() -> range:
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
@@ -16,9 +18,10 @@ def octets() -> range:
     return range(100, 200)
 
 
-def free(prefix: str, used: str, *, tries: int = 50) -> int | None:
-    """A random third octet of this worker's range with no address `<prefix>.<n>.` in `used` (the
-    output of `ip -4 -o addr show`), or None."""
+def free(prefix: str, *, tries: int = 50) -> int | None:
+    """A random third octet of this worker's range that no address of this machine has as
+    `<prefix>.<n>.`, or None."""
+    used = proc.run(["ip", "-4", "-o", "addr", "show"], timeout=10).stdout
     choices = octets()
     for _ in range(tries):
         n = choices[secrets.randbelow(len(choices))]

@@ -37,8 +37,7 @@ def lab_network(libvirtd):
     for tool in ("dnsmasq", "udhcpc"):
         if not shutil.which(tool):
             pytest.skip(f"{tool} is not installed (make setup)")
-    used = proc.run(["ip", "-4", "-o", "addr", "show"], timeout=10).stdout
-    n = next((n for n in subnets.octets() if f" 10.79.{n}." not in used), None)
+    n = subnets.free("10.79")
     if n is None:
         pytest.skip("no free 10.79.x.0/24 subnet")
     tag = secrets.token_hex(3)

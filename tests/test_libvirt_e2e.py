@@ -74,7 +74,7 @@ def bridge_ports(bridge: str) -> list[str]:
 @pytest.fixture
 def lab_bridge():
     """An isolated bridge 10.78.<n>.1/24: no uplink, no NAT, deleted afterwards."""
-    n = subnets.free("10.78", proc.run(["ip", "-4", "-o", "addr", "show"], timeout=10).stdout)
+    n = subnets.free("10.78")
     if n is None:
         pytest.skip("no free 10.78.x.0/24 subnet")
     name = f"labvbr{secrets.token_hex(3)}"

@@ -50,7 +50,7 @@ class WarmHost:
 
 @pytest.fixture(scope="module")
 def warm_host(libvirtd, golden):
-    n = subnets.free("10.78", proc.run(["ip", "-4", "-o", "addr", "show"], timeout=10).stdout)
+    n = subnets.free("10.78")
     if n is None:
         pytest.skip("no free 10.78.x.0/24 subnet")
     bridge = f"labvbr{secrets.token_hex(3)}"
