@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lab import IMAGES_DIR, config, proc, statedir
+from lab.backends.libvirt import kvmdevice
 from lab.backends.local import KVM_PROBE_FILE
 from lab.errors import LabError
 
@@ -67,6 +68,9 @@ def run_checks(config_path: str) -> list[Check]:
     elif not (state / KVM_PROBE_FILE).exists():
         detail += "; not probed yet (the first `lab run` boots a kernel under KVM to find out)"
     checks.append(Check("kvm", "ok" if kvm else "warn", detail))
+    kvm_for_libvirt = kvmdevice.qemu_user_problem()
+    if kvm_for_libvirt:  # only a libvirt host on this machine is slowed (lab.backends.libvirt.kvmdevice)
+        checks.append(Check("kvm for libvirt", "warn", kvm_for_libvirt))
     # The private state directory (run locks, the KVM verdict, the default workdir): this user's alone.
     why = statedir.problem(state)
     checks.append(

@@ -37,6 +37,8 @@ from lab.wait import wait_until
 # [hosts.pve] of the three faults injected here (run_faults' own faults bring their settings)
 PVE_SETTINGS = {
     "template": TEMPLATE_VMID,
+    # the bookkeeping emulator runs no guest: a clone that gets an address has no sshd to wait for
+    "ssh_timeout": 3,
     "timeouts": {"clone": 4, "start": 5, "stop": 3, "destroy": 3, "ready": 20, "agent": 5},
 }
 NEEDS_IMAGE = {"pve-cfs-lock", "pve-foreign-resources"}  # run_faults' faults called (emu, image)

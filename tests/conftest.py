@@ -54,9 +54,43 @@ def pytest_itemcollected(item):
         item.add_marker(pytest.mark.flaky(reruns=VM_RERUNS, reruns_delay=5))
 
 
+# Seconds a test of these files takes in make test's parallel pass (CI of stop 29, two workers; the
+# libvirt ones as measured here once /dev/kvm was udev's, times 1.5), for the order below; a file
+# not listed counts as SECONDS_VM (a real-VM test) or 0.
+SECONDS = {
+    "test_apps_lab.py": 630,
+    "test_compare_real.py": 410,
+    "test_chaos.py": 300,
+    "test_lanes_vm.py": 220,
+    "test_isolation_vm.py": 220,
+    "test_smartos_e2e.py": 200,
+    "test_reliability.py": 160,
+    "test_slots_vm.py": 160,
+    "test_tuning_vm.py": 140,
+    "test_vagrant_vm.py": 120,
+    "test_proxmox_e2e.py": 110,
+    "test_libvirt_warm.py": 90,
+    "test_firmware_boot.py": 90,
+    "test_libvirt_e2e.py": 50,
+}
+SECONDS_VM = 60
+
+
+def expected_seconds(item) -> int:
+    name = item.nodeid.split("::")[0].rsplit("/", 1)[-1]
+    return SECONDS.get(name, SECONDS_VM if item.get_closest_marker("vm") else 0)
+
+
+def group_of(item) -> str:
+    names = (str(m.args[0] if m.args else m.kwargs.get("name")) for m in item.iter_markers("xdist_group"))
+    return ",".join(sorted(names))
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config, items):
-    """The real-VM tests first (a stable sort): make test's parallel pass then ends on the many
+    """The longest work first (a stable sort; an xdist group weighs what its tests add up to; make
+    test passes --no-loadscope-reorder, which would put the groups with most tests first): each
+    worker takes the next test when it is almost out of work, so the parallel pass then ends on
     short ones, which even out the two workers' last minutes, instead of on a long VM test that
     leaves one core idle.
 
@@ -65,7 +99,10 @@ def pytest_collection_modifyitems(config, items):
     (pytest-xdist#1386): the groups are then scattered (vagrant-libvirt's global network and box
     store used from two workers, the four-lane tests' ten guests at once). Every grouped test then
     fails with the reason instead of flaking."""
-    items.sort(key=lambda item: 0 if item.get_closest_marker("vm") else 1)
+    groups: dict[str, int] = {}
+    for item in items:
+        groups[group_of(item)] = groups.get(group_of(item), 0) + expected_seconds(item)
+    items.sort(key=lambda item: -(groups[group_of(item)] if group_of(item) else expected_seconds(item)))
     if not getattr(config.option, "loadgroup", False):  # set on xdist workers under loadgroup only
         return
     for item in items:
@@ -78,6 +115,26 @@ def pytest_collection_modifyitems(config, items):
                 "a daemon would run on two workers; install pytest<9.2 (pyproject.toml, pytest-xdist#1386)"
             )
             return
+
+
+# Why each rerun test failed its first try: pytest-rerunfailures reports only the name, and a CI
+# log is all we get of a flake. Kept by the process that prints the summary (xdist's controller,
+# which receives its workers' reports).
+RERUN_REASONS: list[str] = []
+
+
+def pytest_runtest_logreport(report):
+    if report.outcome == "rerun":
+        lines = (report.longreprtext or "").strip().splitlines()
+        RERUN_REASONS.append(f"{report.nodeid} ({report.when}, {report.duration:.0f} s):")
+        RERUN_REASONS.extend("    " + line for line in lines[-16:])
+
+
+def pytest_terminal_summary(terminalreporter):
+    if RERUN_REASONS:
+        terminalreporter.section("why the rerun tests failed first")
+        for line in RERUN_REASONS:
+            terminalreporter.write_line(line)
 
 
 def pytest_runtest_setup(item):

@@ -19,6 +19,7 @@ import subprocess
 from pathlib import Path
 
 from lab import proc
+from lab.backends.libvirt import kvmdevice
 from lab.errors import TimeoutError_
 from lab.wait import wait_until
 
@@ -67,6 +68,11 @@ def _start(argv: list[str], ready, what: str) -> subprocess.Popen:
 def ensure_running() -> list[subprocess.Popen]:
     """virtlogd, then libvirtd, each started if it does not serve; the ones started, libvirtd
     first (the order to stop them in). A stale socket file is replaced by the daemon's bind."""
+    # /dev/kvm as udev's rule would have it (these machines have no udev): else every define and
+    # start of the tests' domains waits ~30 s for libvirt to probe QEMU again, a running libvirtd's
+    # too (lab.backends.libvirt.kvmdevice; `lab doctor` says so on a user's machine)
+    if kvmdevice.qemu_user_problem():
+        kvmdevice.grant_group()
     started: list[subprocess.Popen] = []
     try:
         if not serving(VIRTLOGD_SOCK):

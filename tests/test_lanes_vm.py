@@ -249,17 +249,22 @@ def test_a_run_of_four_lanes_killed_with_9_then_gc_leaves_nothing_on_any_host(
                 env={**os.environ, **ENV},
             )
         cells = ("c01", "c03", "c05", "c06")
-        try:
-            wait_for(
-                "a cell of every lane in its workloads",
-                lambda: all(cell_state(results, c)[:2] == ("running", "workloads") for c in cells),
-                p,
-                timeout=900,  # alone on an idle machine: 3.5 min
-                detail=lambda: (
-                    f"cells {[(c, *cell_state(results, c)[:2]) for c in cells]}; `lab run` said: "
-                    + " | ".join((tmp_path / "run.stderr").read_text().splitlines()[-15:])
-                ),
+
+        def detail() -> str:
+            return f"cells {[(c, *cell_state(results, c)[:2]) for c in cells]}; `lab run` said: " + " | ".join(
+                (tmp_path / "run.stderr").read_text().splitlines()[-15:]
             )
+
+        def all_in_workloads() -> bool:
+            states = [cell_state(results, c)[:2] for c in cells]
+            # a cell that ended cannot be in its workloads any more: say so now, not after 15 min
+            if any(status not in ("", "pending", "running") for status, _ in states):
+                raise AssertionError(f"a cell ended before the kill: {detail()}")
+            return all(state == ("running", "workloads") for state in states)
+
+        try:
+            # alone on an idle machine: 3.5 min
+            wait_for("a cell of every lane in its workloads", all_in_workloads, p, timeout=900, detail=detail)
             rid = run_id_of(results)
             up = len(emu.vm_ids())
             p.send_signal(signal.SIGKILL)

@@ -140,26 +140,23 @@ def look(addr: str) -> dict:
 def test_two_warm_cells_of_one_snapshot_are_two_machines(warm_host, golden):
     backend, t = warm_host.backend, warm_host.timings
     run_id = f"w{secrets.token_hex(3)}"
-    specs = [cell(golden, run_id, c, s) for c, s in (("cold", "cold"), ("w1", "warm"), ("w2", "warm"))]
+    # no cold boot beside them: test_libvirt_e2e boots this host cold, and warm against cold is a
+    # benchmark's figure (make bench prints the local backend's), not a test's on 2 shared cores
+    specs = [cell(golden, run_id, c, "warm") for c in ("w1", "w2")]
     backend.check_specs(specs)
-
-    cold, t["cold_ready"] = bring_up(backend, golden, specs[0])
-    assert "start" not in cold.facts or cold.facts["start"] == "cold"
-    backend.destroy(cold)
 
     vms: list[Vm] = []
     try:
-        vm1, w1 = bring_up(backend, golden, specs[1])
+        vm1, w1 = bring_up(backend, golden, specs[0])
         vms.append(vm1)
         assert vm1.facts["start"] == "warm", vm1.facts
         t["build"] = vm1.facts["warm"]["built_seconds"]  # the first warm cell built the snapshot
         t["warm_ready_first"] = w1 - t["build"]
-        vm2, t["warm_ready"] = bring_up(backend, golden, specs[2])
+        vm2, t["warm_ready"] = bring_up(backend, golden, specs[1])
         vms.append(vm2)
         assert vm2.facts["start"] == "warm" and "built_seconds" not in vm2.facts["warm"]
         assert vm2.facts["warm"]["snapshot"] == vm1.facts["warm"]["snapshot"]
         t.update({f"warm_{k}": v for k, v in vm2.facts["warm"].items() if k.endswith("_seconds")})
-        t["ratio_warm_to_cold"] = round(t["warm_ready"] / t["cold_ready"], 3)
 
         seen = [look(vm.address) for vm in vms]
         for vm, s in zip(vms, seen):
@@ -181,10 +178,7 @@ def test_two_warm_cells_of_one_snapshot_are_two_machines(warm_host, golden):
         for vm in vms:
             backend.destroy(vm)
     assert not [o for o in backend.list_owned() if o.run_id == run_id]
-    print(
-        f"\ncold {t['cold_ready']:.1f} s, warm {t['warm_ready']:.1f} s to ready "
-        f"({t['ratio_warm_to_cold']:.2f}x); snapshot built in {t['build']:.1f} s"
-    )
+    print(f"\nwarm {t['warm_ready']:.1f} s to ready; snapshot built in {t['build']:.1f} s")
 
 
 def test_a_broken_snapshot_makes_the_cell_boot_cold_and_say_why(warm_host, golden):

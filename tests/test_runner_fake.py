@@ -192,6 +192,14 @@ def test_adaptive_repetitions_stop_on_the_ci_or_the_budget(fake_lab):
     assert out["n"] == 8 and out["stopped"].startswith("budget: 8 repetitions"), (noisy, out)
 
 
+def test_the_hosts_ssh_timeout_is_what_a_guests_login_may_take(fake_lab):
+    fake_lab.write(host='ssh_timeout = 7.5\nclient = "vm"\n')
+    cfg, store, rid = run(fake_lab)
+    assert cell(store, rid, "c01").status == "done"
+    # the cell's VM and the host's client VM
+    assert sorted(g.connect_timeout for g in fake.GUESTS.values()) == [7.5, 7.5], fake.GUESTS
+
+
 def test_resume_reruns_what_did_not_finish_and_keeps_the_rest(fake_lab):
     fake_lab.write(matrix='nic = ["virtio", "e1000"]', host='fail = { c02 = "boot" }')
     cfg, store, rid = run(fake_lab)

@@ -59,6 +59,9 @@ class HostSettings(BaseModel):
     client_identity: str = ""
     client_known_hosts: str = "~/.ssh/known_hosts"
     client_machine_address: str = ""
+    # Seconds the runner waits for a guest's SSH login (a cell's VM, the client VM) once the
+    # backend says it is ready: its sshd may still be starting, or its network still coming up.
+    ssh_timeout: float = Field(default=90.0, gt=0, le=3600)
 
     @field_validator("client")
     @classmethod

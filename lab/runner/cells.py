@@ -117,7 +117,7 @@ def _vm_cell(
     life.enter("ssh")
     guest = backend.guest(vm, client)
     life.on_teardown("close SSH", guest.close)
-    guest.connect(timeout=90)
+    guest.connect(timeout=backend.settings.ssh_timeout)
     life.enter("verify")
     life.facts["verified"] = verify(guest, facts, spec)
     life.enter("tune", cell.tuning)

@@ -92,7 +92,7 @@ class ClientVms:
             backend.start(made.vm)
             address = backend.wait_ready(made.vm)
             made.guest = backend.guest(made.vm, base)
-            made.guest.connect(timeout=90)
+            made.guest.connect(timeout=settings.ssh_timeout)
         except BaseException:
             with shielded():
                 self.failures += self.close(host)

@@ -64,6 +64,7 @@ class FakeGuest:
         return ["sh", "-c", command]
 
     def connect(self, timeout: float = 60.0) -> None:
+        self.connect_timeout = timeout
         self._stage("ssh", "ssh")
         self.connected = True
 

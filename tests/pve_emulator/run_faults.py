@@ -34,6 +34,7 @@ from .fixtures import FULL_ACL, TEMPLATE_VMID, lab_template_description
 # ready, after clone, config and start; what is measured is the teardown and the error)
 BASE_SETTINGS = {
     "template": TEMPLATE_VMID,
+    "ssh_timeout": 3,  # the bookkeeping emulator runs no guest: no sshd to wait for
     "timeouts": {"http": 5, "retry": 10, "clone": 20, "start": 10, "stop": 5, "destroy": 20, "ready": 15, "agent": 5},
 }
 SHARED_STORAGE = "ceph"
