@@ -721,8 +721,14 @@ def test_publish_cli_dispatches_to_the_backend(tmp_path):
     cfg.write_text('[lab]\nname = "p"\n\n[hosts.local]\nbackend = "local"\nworkdir = "%s"\n' % (tmp_path / "w"))
     res = _lab("images", "publish", "debian12", "nohost", "-c", str(cfg))
     assert res.returncode == 2 and "no host 'nohost'" in res.stderr and len(res.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.image  # make test runs it once the image is built (its fast lane runs beside the build)
+def test_publish_cli_puts_the_built_image_in_the_local_workdir(tmp_path):
     if not (lab.IMAGES_DIR / "debian12.json").is_file():
         pytest.skip("images/debian12.json is absent: run `make images` first")
+    cfg = tmp_path / "lab.toml"
+    cfg.write_text('[lab]\nname = "p"\n\n[hosts.local]\nbackend = "local"\nworkdir = "%s"\n' % (tmp_path / "w"))
     res = _lab("images", "publish", "debian12", "local", "-c", str(cfg))
     assert res.returncode == 0, res.stderr
     ref = images.load("debian12")
