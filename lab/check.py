@@ -436,13 +436,3 @@ def check_isolation(cfg: LabConfig, cells: list[plan.Cell], known: dict[str, Wor
         why = isolation.workload_problem(wl, {**known[wl].defaults, **cfg.suite.params.get(wl, {})})
         if why:
             raise ConfigError(src, f"suite.workloads[{i}]", wl, f"cannot run inside a container cell: {why}")
-    if cfg.isolation.network == "bridge":
-        tuned = next((c for c in boxed if c.tuning != "default" or c.cc != "default"), None)
-        if tuned is not None:
-            raise ConfigError(
-                src,
-                "isolation.network",
-                "bridge",
-                f"cell {tuned.id} tunes the guest's TCP stack (tuning {tuned.tuning!r}, cc {tuned.cc!r}), "
-                'which the container\'s own network namespace does not share; use "host"',
-            )

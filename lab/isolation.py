@@ -14,7 +14,8 @@ nothing is pulled) with the machine's /usr, nginx configuration and site bound
 read-only. The suite thus runs the very binaries the VM cell runs, and what differs between the
 two cells is the isolation, not the build of the tools. The machine's own nginx is stopped and
 the container's serves the http workloads on the same address (network "host": the machine's
-stack; "bridge": the runtime's own namespace behind NAT, ports 80 and 443 published). The golden
+stack; "bridge": the runtime's own namespace behind NAT, ports 80 and 443 published, and the
+cell's tuned net.* sysctls that a namespace may set given at `run`: bridge_sysctls). The golden
 image has no docker yet (images/README.md): its docker cells are n/a with the reason.
 
 CPU busy %: a container shares its machine's kernel, so /proc/stat read inside it is the guest's:
@@ -33,7 +34,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from lab import osfacts, proc
+from lab import osfacts, proc, tuning
 from lab.errors import LabError
 from lab.model import Isolation, Runtime
 
@@ -139,16 +140,21 @@ def run_argv(
     *,
     host_cgroup: bool = False,
     runtime: Runtime = Runtime.PODMAN,
+    sysctls: dict[str, str] | None = None,
 ) -> list[str]:
     """Pure: `<runtime> run` of the cell's container, idle until the workloads exec into it.
     `host_cgroup`: the container stays in the caller's cgroup (the bare-metal cell's, whose CPU
-    accounting reads it) instead of getting one of its own (podman only)."""
+    accounting reads it) instead of getting one of its own (podman only). `sysctls`: set in the
+    container's own network namespace (network "bridge" only: "host" shares the machine's)."""
     if network not in NETWORKS:
         raise ValueError(f"network must be one of {', '.join(NETWORKS)}, got {network!r}")
+    if sysctls and network != "bridge":
+        raise ValueError("sysctls are the container's own only with network = 'bridge'")
     rt = RUNTIMES[runtime]
     argv = [rt.command, "run", "--detach", "--name", name, f"--network={network}", *rt.run]
     if network == "bridge":
         argv += [a for port in WEB_PORTS for a in ("--publish", f"{port}:{port}")]
+    argv += [a for k, v in sorted((sysctls or {}).items()) for a in ("--sysctl", f"{k}={' '.join(v.split())}")]
     if host_cgroup:
         if isinstance(rt.host_cgroup, str):
             raise ValueError(rt.host_cgroup)
@@ -156,6 +162,34 @@ def run_argv(
     argv += [a for k, v in sorted(labels.items()) for a in ("--label", f"{k}={v}")]
     argv += [a for d in binds for a in ("--volume", f"{d}:{d}:ro")]
     return argv + [BASE_IMAGE, "sleep", "infinity"]
+
+
+def netns_probe(keys: list[str]) -> str:
+    """Pure: the machine's command that prints which of `keys` a new network namespace may set for
+    itself (net.ipv4.tcp_rmem; not net.core.rmem_max, kernel-wide: absent there before Linux 6.x's
+    read-only copy, so existence is not enough)."""
+    paths = " ".join(shlex.quote("/proc/sys/" + k.replace(".", "/")) for k in keys)
+    return f'unshare --net sh -c \'for p in "$@"; do if test -w "$p"; then echo "$p"; fi; done\' sh {paths}'
+
+
+def netns_keys(keys: list[str], probe_output: str) -> list[str]:
+    """Pure: those of `keys` whose /proc/sys path the probe printed."""
+    seen = set(probe_output.split())
+    return [k for k in keys if "/proc/sys/" + k.replace(".", "/") in seen]
+
+
+def bridge_sysctls(machine: Any, tuned: dict[str, str], where: str) -> tuple[dict[str, str], list[str]]:
+    """The tuned net.* keys a bridge container's own namespace has (set there at `run`), and
+    those it does not (kernel-wide: the container sees the machine's). Other keys (vm.*, kernel.*)
+    are the shared kernel's: they apply inside as they are."""
+    keys = sorted(k for k in tuned if k.startswith("net."))
+    if not keys:
+        return {}, []
+    res = machine.run(netns_probe(keys), timeout=60, check=False)
+    if res.returncode != 0:
+        raise LabError(f"probing the network namespace's sysctls on {where} failed: {res.stderr.strip()[-300:]}")
+    own = netns_keys(keys, res.stdout)
+    return {k: tuned[k] for k in own}, [k for k in keys if k not in own]
 
 
 def exec_argv(name: str, command: str, *, stdin: bool = False, runtime: Runtime = Runtime.PODMAN) -> list[str]:
@@ -251,11 +285,14 @@ def enter(
     host_cgroup: bool = False,
     serve_web: bool = True,
     where: str = "the guest",
+    tuned: dict[str, str] | None = None,
 ) -> Place:
     """Make the cell's isolation on `machine` and return where its workloads run. "vm": the machine
     itself. Unavailable (the cell is n/a) when the machine has no runtime or no base image; what
     was made before another failure is removed. `serve_web`: the machine's nginx gives way to the
-    container's (a guest made for the cell; never the bare-metal host's own service)."""
+    container's (a guest made for the cell; never the bare-metal host's own service). `tuned`:
+    the sysctls the machine was tuned with; network "bridge" gives the container a namespace of
+    its own, which gets the namespaced ones (facts: sysctls, sysctls_kernel_wide)."""
     if kind == Isolation.VM:
         return Place(machine)
     if kind != Isolation.CONTAINER:
@@ -278,10 +315,19 @@ def enter(
     web = serve_web and machine.run("test -x /usr/sbin/nginx", timeout=30, check=False).returncode == 0
     if web:  # the container's nginx takes the machine's ports (host) or their published twins (bridge)
         machine.run(STOP_NGINX, timeout=60, check=False)
-    argv = run_argv(name, network, binds, labels or {}, host_cgroup=host_cgroup, runtime=runtime)
+    sysctls: dict[str, str] = {}
+    if network == "bridge" and tuned:
+        sysctls, kernel_wide = bridge_sysctls(machine, tuned, where)
+        facts.update(sysctls=sysctls, sysctls_kernel_wide=kernel_wide)
+    argv = run_argv(name, network, binds, labels or {}, host_cgroup=host_cgroup, runtime=runtime, sysctls=sysctls)
     machine.run(shlex.join(argv), timeout=300)
     try:
         _inside(place, machine, name, web)
+        if sysctls:  # read back inside, as the tune stage reads the guest's
+            seen = tuning.read(place.guest, osfacts.facts(os_name), list(sysctls))
+            wrong = {k: seen.get(k) for k, v in sysctls.items() if seen.get(k) != tuning.normalise(v)}
+            if wrong:
+                raise LabError(f"the container's network namespace did not take {sorted(wrong)}: it has {wrong}")
     except BaseException:
         try:
             place.remove()

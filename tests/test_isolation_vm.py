@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 from conftest import leftovers, run_lab_cli, write_lab
+from test_isolation import WAN_16M_IN_A_NETNS
 
 from lab.store import Store
 
@@ -70,4 +71,25 @@ def test_vm_and_container_in_vm(golden, workdir, tmp_path):
         cmp = run_lab_cli("compare", run.id, "--a", a, "--b", b, "-c", str(cfg))
         assert cmp.returncode == 0, cmp.stderr
         assert "events_per_s_1t" in cmp.stdout and "requests_per_s_c10" in cmp.stdout
+    assert leftovers(workdir, run.id) == []
+
+
+@pytest.mark.timeout(1200)
+def test_a_bridge_container_in_a_tuned_vm_gets_the_tcp_sysctls_its_namespace_may_have(golden, workdir, tmp_path):
+    """wan-16m on the guest, the container on podman's bridge: its own namespace gets the profile's
+    tcp_* keys at `podman run --sysctl` (read back inside), net.core.*mem_max stay the guest's."""
+    suite = 'workloads = ["http"]\nrepetitions = 1\nwarmup = 0\n[suite.params.http]\nduration = 2\nconnections = [10]\n'
+    matrix = 'isolation = ["container"]\ntuning = ["wan-16m"]\n'
+    cfg = write_lab(tmp_path, workdir, matrix=matrix, suite=suite, extra='[isolation]\nnetwork = "bridge"\n')
+    res = run_lab_cli("run", "-c", str(cfg), timeout=1100)
+    assert res.returncode == 0, res.stderr[-3000:]
+    store = Store(tmp_path / "results")
+    (run,) = store.runs()
+    (cell,) = store.cells(run.id)
+    assert cell.status == "done", cell.error
+    box = cell.facts["isolation"]
+    assert box["network"] == "bridge" and box["removed"] is True
+    assert (box["sysctls"], box["sysctls_kernel_wide"]) == WAN_16M_IN_A_NETNS
+    got = {s.metric: s.value for s in store.samples(run.id)}
+    assert got["requests_per_s_c10"] > 0  # served by the container's nginx through the published port
     assert leftovers(workdir, run.id) == []

@@ -197,6 +197,7 @@ def isolate(
             host_cgroup=host_cgroup,
             serve_web=serve_web,
             where=where,
+            tuned=tuned_sysctls(life.facts.get("tuning") or {}, os_name),
         )
     except isolation.Unavailable as exc:
         life.finish(CellStatus.NA, str(exc))
@@ -205,6 +206,18 @@ def isolate(
         life.facts["isolation"] = place.facts  # the same dict: what remove() adds is stored at teardown
         life.on_teardown(f"remove the {kind.value}", place.remove)
     return place
+
+
+def tuned_sysctls(tuning: dict[str, Any], os_name: str) -> dict[str, str]:
+    """The sysctls the tune stage set, read back: the profile's (the default profile sets none: what
+    it reads back is the guest's own), and congestion control if asked."""
+    out = {}
+    if tuning.get("profile", "default") != "default":
+        out = {k: str(v) for k, v in (tuning.get("effective") or {}).items()}
+    cc = tuning.get("cc") or {}
+    if cc.get("asked", "default") != "default" and cc.get("effective"):
+        out[osfacts.facts(os_name).cc_key] = str(cc["effective"])
+    return out
 
 
 def isolation_labels(place: isolation.Place) -> dict[str, Any]:

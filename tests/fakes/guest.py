@@ -155,6 +155,9 @@ class FakeGuest:
             raise CommandError(["ssh", self.address, command], 255, "", f"injected failure at {wanted}")
 
     def _answer(self, command: str) -> str:
+        if command.startswith("unshare --net "):  # a Debian 12 guest's new namespace: tcp_* its own, not core.*mem
+            paths = shlex.split(command)[6:]
+            return "".join(f"{p}\n" for p in paths if p.startswith(("/proc/sys/net/ipv4/", "/proc/sys/net/ipv6/")))
         if command == "cat /proc/stat":  # an idle machine with this guest's vCPUs
             return "cpu  1000 0 500 90000 0 0 20 0 0 0\n" + "".join(
                 f"cpu{i} 500 0 250 45000 0 0 10 0 0 0\n" for i in range(self.vcpus)
