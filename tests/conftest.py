@@ -82,8 +82,9 @@ def expected_seconds(item) -> int:
 
 
 def group_of(item) -> str:
-    names = (str(m.args[0] if m.args else m.kwargs.get("name")) for m in item.iter_markers("xdist_group"))
-    return ",".join(sorted(names))
+    """The item's xdist group as xdist names it ("a_b" for two; "" for none)."""
+    names = {str(m.args[0] if m.args else m.kwargs.get("name", "default")) for m in item.iter_markers("xdist_group")}
+    return "_".join(sorted(names))
 
 
 @pytest.hookimpl(trylast=True)
@@ -99,17 +100,15 @@ def pytest_collection_modifyitems(config, items):
     (pytest-xdist#1386): the groups are then scattered (vagrant-libvirt's global network and box
     store used from two workers, the four-lane tests' ten guests at once). Every grouped test then
     fails with the reason instead of flaking."""
-    groups: dict[str, int] = {}
+    group = {item: group_of(item) for item in items}
+    weight: dict[str, int] = {}
     for item in items:
-        groups[group_of(item)] = groups.get(group_of(item), 0) + expected_seconds(item)
-    items.sort(key=lambda item: -(groups[group_of(item)] if group_of(item) else expected_seconds(item)))
+        weight[group[item]] = weight.get(group[item], 0) + expected_seconds(item)
+    items.sort(key=lambda item: -(weight[group[item]] if group[item] else expected_seconds(item)))
     if not getattr(config.option, "loadgroup", False):  # set on xdist workers under loadgroup only
         return
     for item in items:
-        names = sorted(
-            {str(m.args[0] if m.args else m.kwargs.get("name", "default")) for m in item.iter_markers("xdist_group")}
-        )
-        if names and not item.nodeid.endswith("@" + "_".join(names)):
+        if group[item] and not item.nodeid.endswith("@" + group[item]):
             config.stash[GROUPS_SCATTERED] = (
                 f"pytest {pytest.__version__} with this pytest-xdist ignores xdist_group: tests sharing "
                 "a daemon would run on two workers; install pytest<9.2 (pyproject.toml, pytest-xdist#1386)"
