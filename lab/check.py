@@ -432,7 +432,13 @@ def check_isolation(cfg: LabConfig, cells: list[plan.Cell], known: dict[str, Wor
                 hint=f'exclude it for this image in [matrix] exclude: {{ image = "{c.image}", '
                 f'isolation = "{c.isolation.value}" }}',
             )
+    runtimes = tuple(sorted({c.runtime for c in boxed if c.isolation == Isolation.CONTAINER}, key=str))
+    bare = any(  # the bare-metal host's podman container cell (its docker one is n/a anyway)
+        u.kind == plan.BARE_METAL and u.isolation == Isolation.CONTAINER and u.runtime == Runtime.PODMAN
+        for u in plan.units(cfg)
+    )
     for i, wl in enumerate(cfg.suite.workloads):
-        why = isolation.workload_problem(wl, {**known[wl].defaults, **cfg.suite.params.get(wl, {})})
+        params = {**known[wl].defaults, **cfg.suite.params.get(wl, {})}
+        why = isolation.workload_problem(wl, params, runtimes=runtimes, bare_metal=bare)
         if why:
             raise ConfigError(src, f"suite.workloads[{i}]", wl, f"cannot run inside a container cell: {why}")

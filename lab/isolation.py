@@ -8,6 +8,11 @@
 - "jail" (FreeBSD guests and hosts) and "zone" (SmartOS): no runtime makes them here (no FreeBSD
   machine exists, the SmartOS emulator's zones are stubs), so lab.check refuses them at plan time.
 
+Workloads that start containers themselves (podman-build, container-start, git-clone's container
+places) run inside a podman container cell with nested podman (run_argv's `nested`, made only when
+the cell's suite has one): the container is privileged, has a store of its own, and sees the
+machine's images read-only.
+
 The container is the lab's base image (localhost/lab-base: imported into root's podman store when
 the golden image is built, into docker's from BASE_TARBALL when a docker cell first needs it;
 nothing is pulled) with the machine's /usr, nginx configuration and site bound
@@ -29,6 +34,7 @@ network namespace and cgroup, so the bare-metal docker cell is n/a with that rea
 
 from __future__ import annotations
 
+import json
 import shlex
 import time
 from dataclasses import dataclass, field
@@ -46,7 +52,9 @@ BASE_TARBALL = "/var/lib/lab/lab-base.tar.zst"
 IMPORT_TIMEOUT_S = 900  # ~60 s under TCG for the 160 MB image
 # The machine's directories the container sees (read-only), when the machine has them: the tools
 # (/usr: Debian merges /bin, /sbin, /lib into it), nginx's configuration and the site it serves.
-BINDS = ("/usr", "/etc/nginx", "/srv/www")
+# /etc/alternatives: the links Debian's /usr/bin and /usr/sbin point through (iptables, awk) are the
+# machine's too, or its binaries would miss them.
+BINDS = ("/usr", "/etc/alternatives", "/etc/nginx", "/srv/www")
 NGINX_DIRS = ("/var/lib/nginx", "/var/log/nginx")  # what nginx writes, in the container's own /var
 WEB_PORTS = (80, 443)  # published on the machine's address with network = "bridge"
 NETWORKS = ("host", "bridge")
@@ -59,14 +67,52 @@ NOT_HERE = {
     Isolation.ZONE: "no zone runtime exists here: zones need a SmartOS host (backend smartos), whose "
     "emulator's zones are stubs that cannot run the suite",
 }
-# Workloads whose load cannot run inside the cell's container: they make containers of their own
-# (nested podman needs privileges the lab does not give its container) or reach the machine by
-# their own SSH connection (its sshd is outside the container).
-OUTSIDE = {
-    "podman-build": "it builds containers itself (podman inside the cell's container is not set up)",
-    "container-start": "it starts containers itself (podman inside the cell's container is not set up)",
-    "scp": "its load is the machine's sshd, outside the container",
+# Workloads whose load cannot run inside the cell's container: it reaches the machine by its own SSH
+# connection (the machine's sshd is outside the container).
+OUTSIDE = {"scp": "its load is the machine's sshd, outside the container"}
+# Workloads that start containers of their own (so do those whose `network` lists a place other than
+# "guest"): inside the cell's container they get nested podman (NESTED_*), made only for such cells.
+MAKES_CONTAINERS = ("podman-build", "container-start")
+# Nested podman: a privileged container (podman mounts overlays and makes network namespaces) with a
+# store of its own on the machine's disk (overlay cannot sit on the container's own overlay root),
+# the machine's store added read-only (the base image is there: nothing is copied or pulled), the
+# machine's image policy and registries, cgroupfs (no systemd inside) and a file for events (no
+# journald inside).
+NESTED_DIR = "/var/tmp/lab-nested"  # on the machine: <NESTED_DIR>/<container>/{etc,store}
+NESTED_ETC = "/etc/lab-nested"  # in the container
+MACHINE_STORE = "/var/lib/containers/storage"
+MACHINE_STORE_INSIDE = "/var/lib/lab-machine-store"
+NESTED_FILES = ("/etc/containers/policy.json", "/etc/containers/registries.conf")
+NESTED_CONF = {
+    "storage.conf": f"""[storage]
+driver = "overlay"
+runroot = "/run/containers/storage"
+graphroot = "{MACHINE_STORE}"
+[storage.options]
+additionalimagestores = ["{MACHINE_STORE_INSIDE}"]
+""",
+    "containers.conf": """[engine]
+cgroup_manager = "cgroupfs"
+events_logger = "file"
+""",
 }
+NESTED_ENV = {"CONTAINERS_STORAGE_CONF": "storage.conf", "CONTAINERS_CONF": "containers.conf"}
+# Podman's default network, redefined inside (a file named after it overrides the built-in one): the
+# built-in is podman0 on 10.88.0.0/16, the outer container's own on a bridge cell (its gateway would
+# be a local address inside) and the guest's interface on a host-network cell.
+NESTED_NETWORK = {
+    "name": "podman",
+    "id": "2f259bab93aaaaa2542ba43ef33eb990d0999ee1b9924b557b7be53c0b7a1bb9",  # podman's fixed id for it
+    "driver": "bridge",
+    "network_interface": "labnest0",
+    "created": "2026-01-01T00:00:00Z",
+    "subnets": [{"subnet": "10.90.0.0/24", "gateway": "10.90.0.1"}],
+    "ipv6_enabled": False,
+    "internal": False,
+    "dns_enabled": False,
+    "ipam_options": {"driver": "host-local"},
+}
+NETWORKS_DIR = "/etc/containers/networks"  # writable: netavark keeps its lock there
 
 
 class Unavailable(LabError):
@@ -85,18 +131,32 @@ def os_problem(kind: Isolation, os_name: str) -> str:
     return ""
 
 
-def workload_problem(name: str, params: dict[str, Any]) -> str:
-    """Pure: why workload `name` with `params` cannot run inside a container cell ("" if it can).
-    A workload's `network` places other than "guest" are containers or jails of its own."""
-    if name in OUTSIDE:
-        return OUTSIDE[name]
+def makes_containers(name: str, params: dict[str, Any]) -> bool:
+    """Pure: whether workload `name` with `params` starts containers of its own (nested podman
+    inside a container cell). A `network` place other than "guest" is a container of its own."""
+    if name in MAKES_CONTAINERS:
+        return True
     places = params.get("network")
     places = places if isinstance(places, list) else [places] if isinstance(places, str) else []
-    nested = [p for p in places if p != "guest"]
-    if nested:
+    return any(p != "guest" for p in places)
+
+
+def workload_problem(
+    name: str, params: dict[str, Any], *, runtimes: tuple[Runtime, ...] = (Runtime.PODMAN,), bare_metal: bool = False
+) -> str:
+    """Pure: why workload `name` with `params` cannot run inside the container cells of `runtimes`
+    (and the bare-metal host's container cell, if there is one) ("" if it can)."""
+    if name in OUTSIDE:
+        return OUTSIDE[name]
+    if not makes_containers(name, params):
+        return ""
+    what = "it starts containers itself" if name in MAKES_CONTAINERS else "its network places are containers of its own"
+    if Runtime.DOCKER in runtimes:
+        return f"{what}, and podman inside a docker container is not set up (matrix.runtime has docker)"
+    if bare_metal:
         return (
-            f"network {', '.join(nested)} makes a container or jail of its own; inside the cell's container "
-            'only network = ["guest"] runs'
+            f"{what}, and nested containers on the bare-metal host would make cgroups outside the cell's "
+            "(its CPU accounting); run them in a VM's container cell"
         )
     return ""
 
@@ -141,11 +201,13 @@ def run_argv(
     host_cgroup: bool = False,
     runtime: Runtime = Runtime.PODMAN,
     sysctls: dict[str, str] | None = None,
+    nested: str = "",
 ) -> list[str]:
     """Pure: `<runtime> run` of the cell's container, idle until the workloads exec into it.
     `host_cgroup`: the container stays in the caller's cgroup (the bare-metal cell's, whose CPU
     accounting reads it) instead of getting one of its own (podman only). `sysctls`: set in the
-    container's own network namespace (network "bridge" only: "host" shares the machine's)."""
+    container's own network namespace (network "bridge" only: "host" shares the machine's).
+    `nested`: the machine's directory of nested_setup: podman inside the container (podman only)."""
     if network not in NETWORKS:
         raise ValueError(f"network must be one of {', '.join(NETWORKS)}, got {network!r}")
     if sysctls and network != "bridge":
@@ -161,7 +223,40 @@ def run_argv(
         argv += rt.host_cgroup
     argv += [a for k, v in sorted(labels.items()) for a in ("--label", f"{k}={v}")]
     argv += [a for d in binds for a in ("--volume", f"{d}:{d}:ro")]
+    if nested:
+        if runtime != Runtime.PODMAN:
+            raise ValueError("nested containers are set up for podman only")
+        argv.append("--privileged")
+        argv += [a for k, f in NESTED_ENV.items() for a in ("--env", f"{k}={NESTED_ETC}/{f}")]
+        argv += ["--volume", f"{nested}/etc:{NESTED_ETC}:ro", "--volume", f"{nested}/store:{MACHINE_STORE}"]
+        argv += ["--volume", f"{nested}/networks:{NETWORKS_DIR}"]
+        argv += ["--volume", f"{MACHINE_STORE}:{MACHINE_STORE_INSIDE}:ro"]
+        argv += [a for f in NESTED_FILES for a in ("--volume", f"{f}:{f}:ro")]
     return argv + [BASE_IMAGE, "sleep", "infinity"]
+
+
+def nested_setup(directory: str) -> str:
+    """Pure: the machine's command that makes `directory` for nested podman (run_argv's `nested`):
+    an empty store, the configuration NESTED_ENV names and the default network's."""
+    d = shlex.quote(directory)
+    texts = {f"etc/{name}": text for name, text in NESTED_CONF.items()}
+    texts["networks/podman.json"] = json.dumps(NESTED_NETWORK, indent=1) + "\n"
+    files = " && ".join(f"printf %s {shlex.quote(text)} > {d}/{name}" for name, text in texts.items())
+    return f"rm -rf {d} && mkdir -p {d}/etc {d}/store {d}/networks && {files}"
+
+
+NESTED_INFO = (
+    "podman info --format '{{.Store.GraphDriverName}} {{.Host.CgroupManager}}' && "
+    "podman network inspect podman --format '{{.NetworkInterface}} {{range .Subnets}}{{.Subnet}}{{end}}'"
+)
+
+
+def parse_nested_info(text: str) -> dict[str, str]:
+    """Pure: NESTED_INFO's lines -> driver, cgroup_manager, network ({} when they are not those)."""
+    lines = [ln.split() for ln in (text or "").splitlines()]
+    if len(lines) != 2 or len(lines[0]) != 2 or len(lines[1]) != 2:
+        return {}
+    return {"driver": lines[0][0], "cgroup_manager": lines[0][1], "network": " ".join(lines[1])}
 
 
 def netns_probe(keys: list[str]) -> str:
@@ -260,6 +355,7 @@ class Place:
     guest: Any
     facts: dict[str, Any] = field(default_factory=dict)
     name: str = ""
+    nested_dir: str = ""  # the machine's directory of nested podman's store, removed with the container
 
     def remove(self) -> None:
         if not self.name:
@@ -269,6 +365,8 @@ class Place:
         machine.run(shlex.join(remove_argv(self.name, runtime)), timeout=120, check=False)
         left = machine.run(shlex.join(listed_argv(self.name, runtime)), timeout=60, check=False)
         self.facts["removed"] = left.returncode == 0 and not left.stdout.strip()
+        if self.nested_dir and self.facts["removed"]:  # its mounts went with the container's namespace
+            machine.run(f"rm -rf {shlex.quote(self.nested_dir)}", timeout=300, check=False)
         if not self.facts["removed"]:
             raise LabError(f"container {self.name} is still there after `{runtime.value} rm --force`")
 
@@ -286,13 +384,15 @@ def enter(
     serve_web: bool = True,
     where: str = "the guest",
     tuned: dict[str, str] | None = None,
+    nested: bool = False,
 ) -> Place:
     """Make the cell's isolation on `machine` and return where its workloads run. "vm": the machine
     itself. Unavailable (the cell is n/a) when the machine has no runtime or no base image; what
     was made before another failure is removed. `serve_web`: the machine's nginx gives way to the
     container's (a guest made for the cell; never the bare-metal host's own service). `tuned`:
     the sysctls the machine was tuned with; network "bridge" gives the container a namespace of
-    its own, which gets the namespaced ones (facts: sysctls, sysctls_kernel_wide)."""
+    its own, which gets the namespaced ones (facts: sysctls, sysctls_kernel_wide). `nested`: the
+    cell's workloads start containers themselves, so podman runs inside (facts: nested)."""
     if kind == Isolation.VM:
         return Place(machine)
     if kind != Isolation.CONTAINER:
@@ -300,6 +400,10 @@ def enter(
     rt = RUNTIMES[runtime]
     if host_cgroup and isinstance(rt.host_cgroup, str):
         raise Unavailable(f"isolation container, runtime {runtime.value}: {rt.host_cgroup}")
+    if nested and (runtime != Runtime.PODMAN or host_cgroup):  # lab.check refuses these plans
+        raise Unavailable(
+            f"isolation container, runtime {runtime.value}: nested containers are set up only for podman in a VM"
+        )
     if machine.run(f"command -v {rt.command}", timeout=30, check=False).returncode != 0:
         raise Unavailable(f"isolation container: {rt.command} is not installed on {where}")
     facts: dict[str, Any] = {"kind": kind.value, "runtime": runtime.value, "image": BASE_IMAGE}
@@ -310,8 +414,11 @@ def enter(
         facts["imported_s"] = _import_base(machine, runtime, where)
     have = machine.run("ls -d " + " ".join(BINDS) + " 2>/dev/null", timeout=30, check=False).stdout.split()
     binds = [d for d in BINDS if d in have]
-    place = Place(ContainerGuest(machine, name, os_name, runtime), name=name, facts=facts)
+    nested_dir = f"{NESTED_DIR}/{name}" if nested else ""
+    place = Place(ContainerGuest(machine, name, os_name, runtime), name=name, facts=facts, nested_dir=nested_dir)
     facts.update(binds=binds, network=network)
+    if nested_dir:
+        machine.run(nested_setup(nested_dir), timeout=60)
     web = serve_web and machine.run("test -x /usr/sbin/nginx", timeout=30, check=False).returncode == 0
     if web:  # the container's nginx takes the machine's ports (host) or their published twins (bridge)
         machine.run(STOP_NGINX, timeout=60, check=False)
@@ -319,10 +426,14 @@ def enter(
     if network == "bridge" and tuned:
         sysctls, kernel_wide = bridge_sysctls(machine, tuned, where)
         facts.update(sysctls=sysctls, sysctls_kernel_wide=kernel_wide)
-    argv = run_argv(name, network, binds, labels or {}, host_cgroup=host_cgroup, runtime=runtime, sysctls=sysctls)
-    machine.run(shlex.join(argv), timeout=300)
+    argv = run_argv(
+        name, network, binds, labels or {}, host_cgroup=host_cgroup, runtime=runtime, sysctls=sysctls, nested=nested_dir
+    )
     try:
+        machine.run(shlex.join(argv), timeout=300)
         _inside(place, machine, name, web)
+        if nested_dir:
+            facts["nested"] = _nested_inside(place.guest)
         if sysctls:  # read back inside, as the tune stage reads the guest's
             seen = tuning.read(place.guest, osfacts.facts(os_name), list(sysctls))
             wrong = {k: seen.get(k) for k, v in sysctls.items() if seen.get(k) != tuning.normalise(v)}
@@ -368,6 +479,16 @@ def _version(machine: Any, runtime: Runtime, where: str) -> str:
     if res.returncode != 0:
         raise LabError(f"docker's daemon on {where} does not answer: {(res.stderr or res.stdout).strip()[-300:]}")
     return res.stdout.strip()
+
+
+def _nested_inside(guest: ContainerGuest) -> dict[str, Any]:
+    """Check that podman works inside the container and sees the base image; what it runs with."""
+    info = parse_nested_info(guest.run(NESTED_INFO, timeout=120, check=False).stdout)
+    if not info:
+        raise LabError(f"container {guest.name}: podman inside it does not answer `podman info`")
+    if guest.run(f"podman image exists {BASE_IMAGE}", timeout=120, check=False).returncode != 0:
+        raise LabError(f"container {guest.name}: podman inside it does not see {BASE_IMAGE} in the machine's store")
+    return {**info, "privileged": True, "images": f"the machine's {MACHINE_STORE}, read-only"}
 
 
 def _inside(place: Place, machine: Any, name: str, web: bool) -> None:

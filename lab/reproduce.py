@@ -130,7 +130,18 @@ def container_lines(cell: CellRow) -> list[str]:
     lines = [f"# isolation: the workloads ran in a {rt.value} container (lab/isolation.py); workloads.sh enters it"]
     if box.get("nginx"):
         lines.append(isolation.STOP_NGINX)
-    argv = isolation.run_argv(name, str(box.get("network", "host")), list(box.get("binds", [])), {}, runtime=rt)
+    nested = f"{isolation.NESTED_DIR}/{name}" if box.get("nested") else ""
+    if nested:  # its workloads started containers inside it
+        lines.append(isolation.nested_setup(nested))
+    argv = isolation.run_argv(
+        name,
+        str(box.get("network", "host")),
+        list(box.get("binds", [])),
+        {},
+        runtime=rt,
+        sysctls=box.get("sysctls") or None,
+        nested=nested,
+    )
     lines.append(shlex.join(argv))
     if box.get("nginx"):
         start = f"mkdir -p {' '.join(isolation.NGINX_DIRS)} && /usr/sbin/nginx"

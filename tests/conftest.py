@@ -62,7 +62,7 @@ SECONDS = {
     "test_compare_real.py": 410,
     "test_chaos.py": 300,
     "test_lanes_vm.py": 220,
-    "test_isolation_vm.py": 220,
+    "test_isolation_vm.py": 350,
     "test_smartos_e2e.py": 200,
     "test_reliability.py": 160,
     "test_slots_vm.py": 160,

@@ -54,7 +54,7 @@ def test_application_workloads_on_the_debian_image(golden, workdir, tmp_path):
         assert clone[f"clone_seconds_{place}"].value > 0
         assert clone[f"clone_mb_s_{place}"].value > 0
         assert 0 < clone[f"cpu_busy_pct_{place}"].value <= 100
-    assert clone["clone_seconds_default"].labels["container"] == "podman"
+    assert clone["clone_seconds_default"].labels["engine"] == "podman"
     assert clone["clone_seconds_host"].labels["network"] == "host"
     assert (
         clone["clone_seconds_guest"].labels["repetition"] == 0 and "image_digest" in clone["clone_seconds_guest"].labels

@@ -85,12 +85,12 @@ def test_git_clone_parse_rows_per_place_with_cpu():
         assert m[f"clone_seconds_{tag}"].value == pytest.approx(0.16)
         assert m[f"clone_mb_s_{tag}"].unit == "MB/s" and m[f"clone_mb_s_{tag}"].higher_is_better
         assert m[f"cpu_busy_pct_{tag}"].value == pytest.approx(50.0)
-    assert m["clone_seconds_guest"].labels["container"] is None
+    assert m["clone_seconds_guest"].labels["engine"] is None
     assert m["clone_seconds_default"].labels == {
         "network": "default",
         "lro": "as-is",
         "lro_effective": "off",
-        "container": "podman",
+        "engine": "podman",
     }
     assert m["clone_seconds_host-lrooff"].labels["lro"] == "off"
 

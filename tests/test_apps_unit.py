@@ -257,7 +257,9 @@ def test_podman_build_records_docker_as_na_with_a_scripted_guest():
     g = ScriptedGuest([])
     c = ctx({"engines": ["docker"], **TINY}, guest=g)
     c.facts["repo"] = gitrepo.Repo(shutil.os.path.abspath("."), "0" * 40, 1, 1)
-    c.facts["engines"] = {"docker": False}  # what prepare() found: no docker in the guest
+    c.facts["engines"] = podman_build.probe_engines(c, ["docker"])  # what prepare() finds: no docker
+    assert c.facts["engines"] == {"docker": False} and g.commands == ["sh -c 'command -v docker'"]
+    g.commands.clear()
     raw = podman_build.PODMAN_BUILD.run(c, 0)
     assert g.commands == []  # nothing ran in the guest
     assert raw.stdout == "" and raw.extra == {
@@ -271,6 +273,18 @@ def test_podman_build_records_docker_as_na_with_a_scripted_guest():
         "network": "host",
         "na": "docker is not installed in the guest",
     }
+
+
+def test_podman_build_needs_dockers_daemon_not_only_its_cli():
+    # a container cell's container has the machine's /usr (the docker CLI), not its daemon's socket
+    inside = ScriptedGuest([("command -v", "/usr/bin/x\n", 0), ("test -S", "", 1)])
+    c = ctx({}, guest=inside)
+    assert podman_build.probe_engines(c, ["podman", "docker"]) == {"podman": True, "docker": False}
+    assert c.facts["engines_missing"] == {"docker": "docker has no daemon socket here (/var/run/docker.sock)"}
+    machine = ScriptedGuest([("command -v", "/usr/bin/x\n", 0), ("test -S", "", 0)])
+    c = ctx({}, guest=machine)
+    assert podman_build.probe_engines(c, ["podman", "docker"]) == {"podman": True, "docker": True}
+    assert c.facts["engines_missing"] == {}
 
 
 # ---------------------------------------------------------------------------------------------

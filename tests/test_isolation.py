@@ -5,7 +5,9 @@ line, nothing created). The real container in a real guest: tests/test_isolation
 
 from __future__ import annotations
 
+import json
 import shlex
+from pathlib import Path
 
 import fakes.backend as fake
 import pytest
@@ -192,8 +194,16 @@ def test_the_wrapper_enters_the_container_except_for_the_cpu_snapshot():
 def test_workload_refusals():
     assert isolation.workload_problem("sysbench-cpu", {}) == ""
     assert isolation.workload_problem("git-clone", {"network": ["guest"]}) == ""
-    assert "network default, host" in isolation.workload_problem("git-clone", {"network": ["guest", "default", "host"]})
     assert "sshd" in isolation.workload_problem("scp", {})
+    # workloads that start containers run inside with nested podman: not in docker's, not on bare metal
+    places = {"network": ["guest", "default", "host"]}
+    for wl, params in (("git-clone", places), ("podman-build", {"network": ["host"]}), ("container-start", {})):
+        assert isolation.makes_containers(wl, params)
+        assert isolation.workload_problem(wl, params) == ""
+        assert "docker" in isolation.workload_problem(wl, params, runtimes=(Runtime.PODMAN, Runtime.DOCKER))
+        assert "bare-metal host" in isolation.workload_problem(wl, params, bare_metal=True)
+    assert not isolation.makes_containers("git-clone", {"network": ["guest"]})
+    assert isolation.workload_problem("sysbench-cpu", {}, runtimes=(Runtime.DOCKER,), bare_metal=True) == ""
     assert isolation.kind_problem(Isolation.CONTAINER) == ""
     assert "FreeBSD" in isolation.kind_problem(Isolation.JAIL) and "SmartOS" in isolation.kind_problem(Isolation.ZONE)
     assert isolation.os_problem(Isolation.CONTAINER, "debian") == ""
@@ -291,6 +301,76 @@ def test_network_bridge_is_passed_to_podman(fake_lab):
     assert "--network=bridge --publish 80:80 --publish 443:443" in made
 
 
+def test_nested_podman_argv():
+    argv = isolation.run_argv("n", "bridge", ["/usr"], {}, nested="/var/tmp/lab-nested/n")
+    assert "--privileged" in argv and argv[-3:] == ["localhost/lab-base:latest", "sleep", "infinity"]
+    pairs = {(a, b) for a, b in zip(argv, argv[1:], strict=False) if a in ("--env", "--volume")}
+    assert {
+        ("--env", "CONTAINERS_STORAGE_CONF=/etc/lab-nested/storage.conf"),
+        ("--env", "CONTAINERS_CONF=/etc/lab-nested/containers.conf"),
+        ("--volume", "/var/tmp/lab-nested/n/etc:/etc/lab-nested:ro"),
+        ("--volume", "/var/tmp/lab-nested/n/store:/var/lib/containers/storage"),  # its own, writable
+        ("--volume", "/var/lib/containers/storage:/var/lib/lab-machine-store:ro"),  # the machine's images
+        ("--volume", "/etc/containers/policy.json:/etc/containers/policy.json:ro"),
+        ("--volume", "/var/tmp/lab-nested/n/networks:/etc/containers/networks"),
+    } <= pairs
+    assert "--privileged" not in isolation.run_argv("n", "bridge", ["/usr"], {})
+    with pytest.raises(ValueError, match="podman only"):
+        isolation.run_argv("n", "host", [], {}, runtime=Runtime.DOCKER, nested="/d")
+
+
+def test_nested_setup_writes_what_the_argv_names(tmp_path):
+    import tomllib
+
+    d = tmp_path / "lab nested" / "c1"  # a space: the command quotes it
+    (d / "store").mkdir(parents=True)
+    (d / "store" / "left-over").write_text("x")
+    proc.run(["sh", "-c", isolation.nested_setup(str(d))])
+    assert sorted(p.name for p in (d / "etc").iterdir()) == ["containers.conf", "storage.conf"]
+    network = json.loads((d / "networks" / "podman.json").read_text())  # clear of podman0's 10.88.0.0/16
+    assert network["network_interface"] == "labnest0" and network["subnets"][0]["subnet"] == "10.90.0.0/24"
+    assert list((d / "store").iterdir()) == []  # a store of its own, empty
+    storage = tomllib.loads((d / "etc" / "storage.conf").read_text())
+    assert storage["storage"]["graphroot"] == "/var/lib/containers/storage"
+    assert storage["storage"]["options"]["additionalimagestores"] == ["/var/lib/lab-machine-store"]
+    engine = tomllib.loads((d / "etc" / "containers.conf").read_text())["engine"]
+    assert engine == {"cgroup_manager": "cgroupfs", "events_logger": "file"}
+    # podman 4.3.1's answer to NESTED_INFO inside such a container in the golden image
+    assert isolation.parse_nested_info("overlay cgroupfs\nlabnest0 10.90.0.0/24\n") == {
+        "driver": "overlay",
+        "cgroup_manager": "cgroupfs",
+        "network": "labnest0 10.90.0.0/24",
+    }
+    assert isolation.parse_nested_info("overlay cgroupfs\n") == {}
+    assert isolation.parse_nested_info("Error: open /etc/containers/networks/netavark.lock\n") == {}
+
+
+def test_a_container_cell_whose_workloads_start_containers_gets_nested_podman(fake_lab):
+    fake_lab.write(
+        matrix='isolation = ["container"]', extra='[suite.params.fake-work]\nnetwork = ["guest", "default"]\n'
+    )
+    cfg, store, rid = run(fake_lab)
+    (c,) = store.cells(rid)
+    assert c.status == "done", c.error
+    nested = c.facts["isolation"]["nested"]
+    assert nested["driver"] == "overlay" and nested["cgroup_manager"] == "cgroupfs" and nested["privileged"] is True
+    commands = fake.GUESTS[f"lab-{rid}-c01"].commands
+    made = next(x for x in commands if x.startswith("podman run"))
+    assert f"/var/tmp/lab-nested/lab-{rid}-c01/store:/var/lib/containers/storage" in made and "--privileged" in made
+    # its store goes after the container that had it mounted
+    assert commands.index(f"rm -rf /var/tmp/lab-nested/lab-{rid}-c01") > commands.index(
+        next(x for x in commands if x.startswith("podman rm"))
+    )
+
+
+def test_a_container_cell_without_such_workloads_stays_unprivileged(fake_lab):
+    fake_lab.write(matrix='isolation = ["container"]')
+    cfg, store, rid = run(fake_lab)
+    (c,) = store.cells(rid)
+    assert c.status == "done" and "nested" not in c.facts["isolation"]
+    assert not [x for x in fake.GUESTS[f"lab-{rid}-c01"].commands if "--privileged" in x or "lab-nested" in x]
+
+
 def test_sysctls_go_to_a_bridge_containers_own_namespace_only():
     argv = isolation.run_argv("n", "bridge", [], {}, sysctls={"net.ipv4.tcp_rmem": "4096\t87380  16777216"})
     assert argv[argv.index("--sysctl") + 1] == "net.ipv4.tcp_rmem=4096 87380 16777216"
@@ -374,7 +454,20 @@ def test_a_host_network_container_shares_the_tuned_namespace(fake_lab):
         ('isolation = ["zone"]', "", "", "matrix.isolation[0]", "SmartOS"),
         ('isolation = ["container"]\nimage = ["freebsd14"]', "", "", "matrix.isolation[0]", "no podman"),
         ('isolation = ["container"]', 'workloads = ["sysbench-cpu", "scp"]', "", "suite.workloads[1]", "sshd"),
-        ('isolation = ["container"]', 'workloads = ["git-clone"]', "", "suite.workloads[0]", "network default, host"),
+        (
+            'isolation = ["container"]\nruntime = ["podman", "docker"]',
+            'workloads = ["git-clone"]',
+            "",
+            "suite.workloads[0]",
+            "podman inside a docker container",
+        ),
+        (
+            'isolation = ["container"]',
+            'workloads = ["podman-build"]\nbare_metal = true',
+            "",
+            "suite.workloads[0]",
+            "bare-metal",
+        ),
         ('isolation = ["vm"]', "", '[isolation]\nnetwork = "slirp"\n', "isolation.network", "host"),
         ('isolation = ["cage"]', "", "", "matrix.isolation", "cage"),
         ('runtime = ["podman", "docker"]', "", "", "matrix.runtime[1]", "only container cells"),
@@ -414,12 +507,10 @@ def test_short_labels_line_optional_axes_up():
     }
 
 
-@pytest.mark.parametrize("runtime", ["podman", "docker", None])  # None: a run from before runtimes: podman
-def test_lab_reproduce_of_a_container_cell_makes_the_container_and_enters_it(tmp_path, runtime):
-    from pathlib import Path
-
-    from lab import proc, reproduce
-    from lab.model import RawOutput
+def reproduce_container_cell(tmp_path, box: dict, raws: list, runtime: str | None = None) -> Path:
+    """`lab reproduce` of cell c02 of a stored run whose container had `box` as its facts; the
+    directory it wrote."""
+    from lab import reproduce
 
     s = Store(tmp_path / "results")
     s.create_run(
@@ -444,27 +535,34 @@ def test_lab_reproduce_of_a_container_cell_makes_the_container_and_enters_it(tmp
         **({"runtime": runtime} if runtime == "docker" else {}),
     }
     s.add_cell("abcd1234", "c02", 2, "x/isolation=container", axes)
-    s.cell_update(
-        "abcd1234",
-        "c02",
-        status="done",
-        facts={
-            "accel": "tcg",
-            "image_digest": "d" * 64,
-            "image_sha256": "e" * 64,
-            "isolation": {
-                "kind": "container",
-                "network": "host",
-                "binds": ["/usr", "/srv/www"],
-                "nginx": "in the container",
-                **({"runtime": runtime} if runtime else {}),
-            },
-        },
-    )
-    s.add_raw("abcd1234", "c02", 0, RawOutput("sysbench-cpu", "sysbench cpu --threads=1 run", ""))
-    s.add_raw("abcd1234", "c02", 0, RawOutput("http", "wrk -t1 -c10 -d2s --latency http://10.77.0.10/", ""))
+    facts = {"accel": "tcg", "image_digest": "d" * 64, "image_sha256": "e" * 64, "isolation": box}
+    s.cell_update("abcd1234", "c02", status="done", facts=facts)
+    for raw in raws:
+        s.add_raw("abcd1234", "c02", 0, raw)
     out = tmp_path / "repro"
     reproduce.reproduce(s, "latest", "c02", out, ssh_key=Path("/k/lab_key"))
+    s.close()
+    for script in ("tune.sh", "workloads.sh"):
+        assert proc.run(["sh", "-n", str(out / script)], check=False).ok
+    return out
+
+
+@pytest.mark.parametrize("runtime", ["podman", "docker", None])  # None: a run from before runtimes: podman
+def test_lab_reproduce_of_a_container_cell_makes_the_container_and_enters_it(tmp_path, runtime):
+    from lab.model import RawOutput
+
+    box = {
+        "kind": "container",
+        "network": "host",
+        "binds": ["/usr", "/srv/www"],
+        "nginx": "in the container",
+        **({"runtime": runtime} if runtime else {}),
+    }
+    raws = [
+        RawOutput("sysbench-cpu", "sysbench cpu --threads=1 run", ""),
+        RawOutput("http", "wrk -t1 -c10 -d2s --latency http://10.77.0.10/", ""),
+    ]
+    out = reproduce_container_cell(tmp_path, box, raws, runtime)
     tune, work = (out / "tune.sh").read_text(), (out / "workloads.sh").read_text()
     assert isolation.STOP_NGINX in tune
     cli = runtime or "podman"
@@ -477,6 +575,19 @@ def test_lab_reproduce_of_a_container_cell_makes_the_container_and_enters_it(tmp
     assert f"{cli} exec lab-c02 sh -c 'mkdir -p /var/lib/nginx /var/log/nginx && /usr/sbin/nginx'" in tune
     assert f"{cli} exec lab-c02 sh -c 'sysbench cpu --threads=1 run'" in work
     assert "# lab side: wrk -t1 -c10 -d2s --latency http://10.77.0.10/" in work
-    for script in ("tune.sh", "workloads.sh"):
-        assert proc.run(["sh", "-n", str(out / script)], check=False).ok
-    s.close()
+
+
+def test_lab_reproduce_of_a_nested_bridge_container_cell(tmp_path):
+    """A cell whose workloads started containers inside it, on the bridge with a tuned namespace:
+    the reproduction makes its nested store first, then the container as the cell had it."""
+    from lab.model import RawOutput
+
+    box = {"kind": "container", "network": "bridge", "binds": ["/usr"], "runtime": "podman"}
+    box.update(sysctls={"net.ipv4.tcp_rmem": "4096 87380 16777216"}, nested={"driver": "overlay"})
+    out = reproduce_container_cell(tmp_path, box, [RawOutput("container-start", "hyperfine -N x", "")])
+    tune = (out / "tune.sh").read_text()
+    setup = isolation.nested_setup("/var/tmp/lab-nested/lab-c02")
+    made = next(ln for ln in tune.splitlines() if ln.startswith("podman run --detach"))
+    assert tune.index(setup) < tune.index(made)
+    assert "--privileged" in made and "--sysctl 'net.ipv4.tcp_rmem=4096 87380 16777216'" in made
+    assert "/var/tmp/lab-nested/lab-c02/store:/var/lib/containers/storage" in made

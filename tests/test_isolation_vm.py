@@ -47,7 +47,8 @@ def test_vm_and_container_in_vm(golden, workdir, tmp_path):
     assert box["kind"] == "container" and box["runtime"] == "podman" and box["image"] == "localhost/lab-base:latest"
     assert box["state"] == "running" and box["pid"] > 0 and len(box["id"]) == 64 and box["network"] == "host"
     assert box["inside"] == "/run/.containerenv present" and box["nginx"] == "in the container"
-    assert box["binds"] == ["/usr", "/etc/nginx", "/srv/www"] and box["podman"].startswith("podman version")
+    assert box["binds"] == ["/usr", "/etc/alternatives", "/etc/nginx", "/srv/www"]
+    assert box["podman"].startswith("podman version") and "nested" not in box  # unprivileged
     # every repetition's commands entered it (sysbench: one load each; http: its prepare) and it was removed
     assert box["execs"] >= 3 and box["removed"] is True
     samples = store.samples(run.id)
@@ -74,14 +75,11 @@ def test_vm_and_container_in_vm(golden, workdir, tmp_path):
     assert leftovers(workdir, run.id) == []
 
 
-@pytest.mark.timeout(1200)
-def test_a_bridge_container_in_a_tuned_vm_gets_the_tcp_sysctls_its_namespace_may_have(golden, workdir, tmp_path):
-    """wan-16m on the guest, the container on podman's bridge: its own namespace gets the profile's
-    tcp_* keys at `podman run --sysctl` (read back inside), net.core.*mem_max stay the guest's."""
-    suite = 'workloads = ["http"]\nrepetitions = 1\nwarmup = 0\n[suite.params.http]\nduration = 2\nconnections = [10]\n'
-    matrix = 'isolation = ["container"]\ntuning = ["wan-16m"]\n'
+def one_bridge_container_cell(tmp_path, workdir, matrix: str, suite: str, timeout: float = 1400):
+    """`lab run` of a lab whose one cell is a container on podman's bridge: (store, run, its
+    container's facts), once the cell is done and its container removed."""
     cfg = write_lab(tmp_path, workdir, matrix=matrix, suite=suite, extra='[isolation]\nnetwork = "bridge"\n')
-    res = run_lab_cli("run", "-c", str(cfg), timeout=1100)
+    res = run_lab_cli("run", "-c", str(cfg), timeout=timeout)
     assert res.returncode == 0, res.stderr[-3000:]
     store = Store(tmp_path / "results")
     (run,) = store.runs()
@@ -89,7 +87,63 @@ def test_a_bridge_container_in_a_tuned_vm_gets_the_tcp_sysctls_its_namespace_may
     assert cell.status == "done", cell.error
     box = cell.facts["isolation"]
     assert box["network"] == "bridge" and box["removed"] is True
+    return store, run, box
+
+
+@pytest.mark.timeout(1200)
+def test_a_bridge_container_in_a_tuned_vm_gets_the_tcp_sysctls_its_namespace_may_have(golden, workdir, tmp_path):
+    """wan-16m on the guest, the container on podman's bridge: its own namespace gets the profile's
+    tcp_* keys at `podman run --sysctl` (read back inside), net.core.*mem_max stay the guest's."""
+    suite = 'workloads = ["http"]\nrepetitions = 1\nwarmup = 0\n[suite.params.http]\nduration = 2\nconnections = [10]\n'
+    matrix = 'isolation = ["container"]\ntuning = ["wan-16m"]\n'
+    store, run, box = one_bridge_container_cell(tmp_path, workdir, matrix, suite, timeout=1100)
     assert (box["sysctls"], box["sysctls_kernel_wide"]) == WAN_16M_IN_A_NETNS
     got = {s.metric: s.value for s in store.samples(run.id)}
     assert got["requests_per_s_c10"] > 0  # served by the container's nginx through the published port
+    assert leftovers(workdir, run.id) == []
+
+
+NESTED_SUITE = """
+workloads = ["podman-build", "container-start", "git-clone"]
+repetitions = 1
+warmup = 0
+[suite.params.podman-build]
+files = 60
+file_kib = 16
+commits = 2
+network = ["default"]
+[suite.params.container-start]
+runtime = ["crun", "runc"]
+network = ["default", "none"]
+runs = 2
+warmup = 0
+[suite.params.git-clone]
+files = 60
+file_kib = 16
+commits = 2
+network = ["default", "host"]
+"""
+
+
+@pytest.mark.timeout(1500)
+def test_workloads_that_start_containers_run_inside_a_bridge_container_cell(golden, workdir, tmp_path):
+    """Nested podman: the cell's container on podman's bridge network, privileged, with a store of its
+    own; podman-build, container-start and git-clone's container places start their containers
+    inside it (on its own bridge network too), from the guest's base image seen read-only."""
+    store, run, box = one_bridge_container_cell(tmp_path, workdir, 'isolation = ["container"]\n', NESTED_SUITE)
+    assert box["nested"] == {
+        "driver": "overlay",
+        "cgroup_manager": "cgroupfs",
+        "network": "labnest0 10.90.0.0/24",
+        "privileged": True,
+        "images": "the machine's /var/lib/containers/storage, read-only",
+    }
+    got = {(s.workload, s.metric): s for s in store.samples(run.id)}
+    assert {s.labels.get("container") for s in got.values()} == {box["id"][:12]}  # all measured inside it
+    for step in ("from", "packages", "clone", "make", "build"):
+        assert got[("podman-build", f"{step}_seconds_podman-default")].value > 0
+    for tag in ("crun-default-persistent", "runc-none-persistent"):
+        assert got[("container-start", f"start_ms_{tag}")].value > 0
+    for place in ("default", "host"):
+        assert got[("git-clone", f"clone_mb_s_{place}")].value > 0
     assert leftovers(workdir, run.id) == []

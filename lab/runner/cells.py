@@ -12,7 +12,7 @@ from lab.errors import VerificationError
 from lab.guest import Guest
 from lab.lifecycle import CellLife, Interrupted, lease_expiry
 from lab.model import CellStatus, ImageRef, Isolation, Runtime, Vm, VmSpec
-from lab.runner.context import RunContext
+from lab.runner.context import RunContext, workload_params
 from lab.runner.measure import run_workloads
 
 
@@ -198,6 +198,7 @@ def isolate(
             serve_web=serve_web,
             where=where,
             tuned=tuned_sysctls(life.facts.get("tuning") or {}, os_name),
+            nested=any(isolation.makes_containers(w, workload_params(ctx.cfg, w)) for w in ctx.cfg.suite.workloads),
         )
     except isolation.Unavailable as exc:
         life.finish(CellStatus.NA, str(exc))

@@ -6,7 +6,8 @@ default bridge network / a FreeBSD vnet jail behind NAT), "host" (podman --netwo
 sharing the guest's stack). `lro` lists LRO settings for the guest's uplink to run each place with
 ("as-is" leaves it; "on"/"off" set it for that clone and put it back after), the FreeBSD study's knob.
 Each (place, lro) is one segment with its own rows: clone_seconds_<tag>, clone_mb_s_<tag> and the
-guest's CPU busy % over the clone (tag = place, plus "-lroon"/"-lrooff" when LRO is set).
+guest's CPU busy % over the clone (tag = place, plus "-lroon"/"-lrooff" when LRO is set), labelled
+with the place's `engine` (podman or jail).
 
 Inside the container the CPU snapshots, `time -p` and the clone all run in one `sh -c` (the kernel's
 CPU counters are the same inside), so container start and removal are outside both measurements.
@@ -172,7 +173,8 @@ class GitClone:
                     "network": place,
                     "lro": lro or "as-is",
                     "lro_effective": raw.extra.get(f"lro.{tag}", "unknown"),
-                    "container": engine if place != "guest" else None,
+                    # "engine" as podman-build's: "container" is the cell's own (lab.runner.cells)
+                    "engine": engine if place != "guest" else None,
                 },
                 r.get(UNMEASURED, ""),
             )

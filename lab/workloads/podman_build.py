@@ -42,6 +42,7 @@ EXTRA_C = (
     '    printf("lab-extra %lu\\n", s); return 0; }\n'
 )
 ENGINES = ("podman", "docker")
+DOCKER_SOCKET = "/var/run/docker.sock"
 NETWORKS = ("default", "host")
 
 
@@ -140,6 +141,21 @@ def parse_build_output(text: str, steps: tuple[str, ...] = STEPS, workload: str 
     return out
 
 
+def probe_engines(ctx: WorkloadContext, engines: list[str]) -> dict[str, bool]:
+    """Which engines the guest can build with; why not is put in ctx.facts["engines_missing"]."""
+    have, missing = {}, {}
+    for e in engines:
+        res = ctx.guest.run(f"sh -c {shlex.quote(f'command -v {e}')}", timeout=30, check=False)
+        have[e] = res.returncode == 0 and bool(res.stdout.strip())
+        if not have[e]:
+            missing[e] = f"{e} is not installed in the guest"
+        # inside a container cell the machine's docker CLI is there (its /usr), not its daemon
+        elif e == "docker" and ctx.guest.run(f"test -S {DOCKER_SOCKET}", timeout=30, check=False).returncode:
+            have[e], missing[e] = False, f"docker has no daemon socket here ({DOCKER_SOCKET})"
+    ctx.facts["engines_missing"] = missing
+    return have
+
+
 class PodmanBuild:
     name = "podman-build"
     network = True  # its load goes through the client side: one lane at a time (lab.runner.measure)
@@ -181,10 +197,7 @@ class PodmanBuild:
     def prepare(self, ctx: WorkloadContext) -> None:
         p = self.params(ctx)
         containers.prepare_places(ctx, self.name, ["default"])
-        have = {}
-        for e in p["engines"]:
-            res = ctx.guest.run(f"sh -c {shlex.quote(f'command -v {e}')}", timeout=30, check=False)
-            have[e] = res.returncode == 0 and bool(res.stdout.strip())
+        have = probe_engines(ctx, p["engines"])
         if have.get("docker"):  # give Docker the same base image, from podman's store
             ctx.guest.run(
                 f"docker image inspect {containers.BASE_IMAGE} >/dev/null 2>&1 || "
@@ -206,7 +219,7 @@ class PodmanBuild:
         log = SegmentLog(self.name)
         for tag, engine, network in self.plan(ctx):
             if not ctx.facts["engines"].get(engine):
-                log.extra[f"na.{tag}"] = f"{engine} is not installed in the guest"
+                log.extra[f"na.{tag}"] = ctx.facts["engines_missing"][engine]
                 continue
             load = build_load(ctx.os, engine, network)
             with gitrepo.serve(ctx, repo, p["port"], self.name) as server:

@@ -15,7 +15,13 @@ from lab.workloads import WorkloadContext
 
 class FakeWorkload:
     name = "fake-work"
-    defaults: dict[str, Any] = {"values": [100.0], "warmup_value": 1.0, "seconds": 1.0, "sleep_s": 0.0}
+    defaults: dict[str, Any] = {
+        "values": [100.0],
+        "warmup_value": 1.0,
+        "seconds": 1.0,
+        "sleep_s": 0.0,
+        "network": ["guest"],  # places, as git-clone's: another one is a container (lab.isolation.makes_containers)
+    }
 
     def __init__(self):
         self.prepared: list[str] = []
