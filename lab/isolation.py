@@ -8,8 +8,9 @@
 - "jail" (FreeBSD guests and hosts) and "zone" (SmartOS): no runtime makes them here (no FreeBSD
   machine exists, the SmartOS emulator's zones are stubs), so lab.check refuses them at plan time.
 
-Workloads that start containers themselves (podman-build, container-start, git-clone's container
-places) run inside a podman container cell with nested podman (run_argv's `nested`, made only when
+scp's load, the machine's sshd, is an sshd the container runs (SERVES_SSH). Workloads that start
+containers themselves (podman-build, container-start, git-clone's container places) run inside a
+podman container cell with nested podman (run_argv's `nested`, made only when
 the cell's suite has one): the container is privileged, has a store of its own, and sees the
 machine's images read-only.
 
@@ -67,9 +68,14 @@ NOT_HERE = {
     Isolation.ZONE: "no zone runtime exists here: zones need a SmartOS host (backend smartos), whose "
     "emulator's zones are stubs that cannot run the suite",
 }
-# Workloads whose load cannot run inside the cell's container: it reaches the machine by its own SSH
-# connection (the machine's sshd is outside the container).
-OUTSIDE = {"scp": "its load is the machine's sshd, outside the container"}
+# Workloads whose load is the machine's sshd (their own SSH connection from the client side): inside a
+# container cell the container runs an sshd of its own, the machine's binary, configuration, host
+# keys and authorized keys (bound read-only), on SSHD_PORT (the machine's sshd keeps port 22 of a
+# host-network container's stack); the client checks the machine's host keys under its name.
+SERVES_SSH = ("scp",)
+SSHD_PORT = 2222
+SSHD_BINDS = ("/etc/ssh", "/root/.ssh")
+SSHD_START = "mkdir -p /run/sshd && /usr/sbin/sshd -t -p {port} && /usr/sbin/sshd -p {port} && cat /run/sshd.pid"
 # Workloads that start containers of their own (so do those whose `network` lists a place other than
 # "guest"): inside the cell's container they get nested podman (NESTED_*), made only for such cells.
 MAKES_CONTAINERS = ("podman-build", "container-start")
@@ -146,8 +152,8 @@ def workload_problem(
 ) -> str:
     """Pure: why workload `name` with `params` cannot run inside the container cells of `runtimes`
     (and the bare-metal host's container cell, if there is one) ("" if it can)."""
-    if name in OUTSIDE:
-        return OUTSIDE[name]
+    if name in SERVES_SSH and bare_metal:
+        return "its load is the machine's sshd, and the bare-metal host's container cell is not reached by SSH"
     if not makes_containers(name, params):
         return ""
     what = "it starts containers itself" if name in MAKES_CONTAINERS else "its network places are containers of its own"
@@ -202,12 +208,14 @@ def run_argv(
     runtime: Runtime = Runtime.PODMAN,
     sysctls: dict[str, str] | None = None,
     nested: str = "",
+    sshd: bool = False,
 ) -> list[str]:
     """Pure: `<runtime> run` of the cell's container, idle until the workloads exec into it.
     `host_cgroup`: the container stays in the caller's cgroup (the bare-metal cell's, whose CPU
     accounting reads it) instead of getting one of its own (podman only). `sysctls`: set in the
     container's own network namespace (network "bridge" only: "host" shares the machine's).
-    `nested`: the machine's directory of nested_setup: podman inside the container (podman only)."""
+    `nested`: the machine's directory of nested_setup: podman inside the container (podman only).
+    `sshd`: the container will run an sshd of its own (SERVES_SSH)."""
     if network not in NETWORKS:
         raise ValueError(f"network must be one of {', '.join(NETWORKS)}, got {network!r}")
     if sysctls and network != "bridge":
@@ -215,14 +223,15 @@ def run_argv(
     rt = RUNTIMES[runtime]
     argv = [rt.command, "run", "--detach", "--name", name, f"--network={network}", *rt.run]
     if network == "bridge":
-        argv += [a for port in WEB_PORTS for a in ("--publish", f"{port}:{port}")]
+        ports = (*WEB_PORTS, SSHD_PORT) if sshd else WEB_PORTS
+        argv += [a for port in ports for a in ("--publish", f"{port}:{port}")]
     argv += [a for k, v in sorted((sysctls or {}).items()) for a in ("--sysctl", f"{k}={' '.join(v.split())}")]
     if host_cgroup:
         if isinstance(rt.host_cgroup, str):
             raise ValueError(rt.host_cgroup)
         argv += rt.host_cgroup
     argv += [a for k, v in sorted(labels.items()) for a in ("--label", f"{k}={v}")]
-    argv += [a for d in binds for a in ("--volume", f"{d}:{d}:ro")]
+    argv += [a for d in (*binds, *(SSHD_BINDS if sshd else ())) for a in ("--volume", f"{d}:{d}:ro")]
     if nested:
         if runtime != Runtime.PODMAN:
             raise ValueError("nested containers are set up for podman only")
@@ -313,10 +322,16 @@ class ContainerGuest:
     HostGuest), except the CPU snapshot, which reads the same kernel counters on the machine
     itself (see the module's docstring)."""
 
-    def __init__(self, machine: Any, name: str, os_name: str, runtime: Runtime = Runtime.PODMAN):
+    def __init__(self, machine: Any, name: str, os_name: str, runtime: Runtime = Runtime.PODMAN, *, sshd: bool = False):
         self.machine, self.name, self.runtime = machine, name, runtime
         self.address, self.os = machine.address, machine.os
-        self.known_hosts = machine.known_hosts  # the machine's: a workload's own SSH still reaches it
+        self.known_hosts = machine.known_hosts  # the machine's host keys, which the container's sshd has
+        # What a workload's own SSH connection (scp) logs in with: the machine's key and user, and the
+        # container's sshd (else the machine's), checked against the machine's known_hosts entry.
+        self.key, self.user = getattr(machine, "key", None), getattr(machine, "user", "root")
+        port = getattr(machine, "port", 22)
+        self.port = SSHD_PORT if sshd else port
+        self.host_key_alias = self.address if port == 22 else f"[{self.address}]:{port}"
         # lab.workloads.cpu.snapshot's exact command line for this OS
         self._snapshot = "sh -c " + shlex.quote(osfacts.facts(os_name).cpu_ticks_cmd)
         self.execs = 0  # commands that entered the container (recorded with the cell)
@@ -385,6 +400,7 @@ def enter(
     where: str = "the guest",
     tuned: dict[str, str] | None = None,
     nested: bool = False,
+    sshd: bool = False,
 ) -> Place:
     """Make the cell's isolation on `machine` and return where its workloads run. "vm": the machine
     itself. Unavailable (the cell is n/a) when the machine has no runtime or no base image; what
@@ -392,7 +408,8 @@ def enter(
     container's (a guest made for the cell; never the bare-metal host's own service). `tuned`:
     the sysctls the machine was tuned with; network "bridge" gives the container a namespace of
     its own, which gets the namespaced ones (facts: sysctls, sysctls_kernel_wide). `nested`: the
-    cell's workloads start containers themselves, so podman runs inside (facts: nested)."""
+    cell's workloads start containers themselves, so podman runs inside (facts: nested). `sshd`: a
+    workload's load is the machine's sshd, so the container runs its own (facts: sshd)."""
     if kind == Isolation.VM:
         return Place(machine)
     if kind != Isolation.CONTAINER:
@@ -415,7 +432,8 @@ def enter(
     have = machine.run("ls -d " + " ".join(BINDS) + " 2>/dev/null", timeout=30, check=False).stdout.split()
     binds = [d for d in BINDS if d in have]
     nested_dir = f"{NESTED_DIR}/{name}" if nested else ""
-    place = Place(ContainerGuest(machine, name, os_name, runtime), name=name, facts=facts, nested_dir=nested_dir)
+    guest = ContainerGuest(machine, name, os_name, runtime, sshd=sshd)
+    place = Place(guest, name=name, facts=facts, nested_dir=nested_dir)
     facts.update(binds=binds, network=network)
     if nested_dir:
         machine.run(nested_setup(nested_dir), timeout=60)
@@ -427,13 +445,23 @@ def enter(
         sysctls, kernel_wide = bridge_sysctls(machine, tuned, where)
         facts.update(sysctls=sysctls, sysctls_kernel_wide=kernel_wide)
     argv = run_argv(
-        name, network, binds, labels or {}, host_cgroup=host_cgroup, runtime=runtime, sysctls=sysctls, nested=nested_dir
+        name,
+        network,
+        binds,
+        labels or {},
+        host_cgroup=host_cgroup,
+        runtime=runtime,
+        sysctls=sysctls,
+        nested=nested_dir,
+        sshd=sshd,
     )
     try:
         machine.run(shlex.join(argv), timeout=300)
         _inside(place, machine, name, web)
         if nested_dir:
             facts["nested"] = _nested_inside(place.guest)
+        if sshd:
+            facts["sshd"] = _sshd_inside(place.guest, machine)
         if sysctls:  # read back inside, as the tune stage reads the guest's
             seen = tuning.read(place.guest, osfacts.facts(os_name), list(sysctls))
             wrong = {k: seen.get(k) for k, v in sysctls.items() if seen.get(k) != tuning.normalise(v)}
@@ -479,6 +507,19 @@ def _version(machine: Any, runtime: Runtime, where: str) -> str:
     if res.returncode != 0:
         raise LabError(f"docker's daemon on {where} does not answer: {(res.stderr or res.stdout).strip()[-300:]}")
     return res.stdout.strip()
+
+
+def _sshd_inside(guest: ContainerGuest, machine: Any) -> dict[str, Any]:
+    """Start the container's sshd: the machine's privilege-separation user added to the container's
+    /etc/passwd (the base image's has none), its configuration checked first (`sshd -t`)."""
+    user = machine.run("grep '^sshd:' /etc/passwd", timeout=30, check=False).stdout.strip()
+    if user:
+        guest.run(f"grep -q '^sshd:' /etc/passwd || echo {shlex.quote(user)} >> /etc/passwd", timeout=30)
+    res = guest.run(SSHD_START.format(port=SSHD_PORT), timeout=60, check=False)
+    pid = res.stdout.strip().splitlines()[-1:] if res.returncode == 0 else []
+    if not pid or not pid[0].isdigit():
+        raise LabError(f"container {guest.name}: its sshd did not start: {(res.stderr or res.stdout).strip()[-300:]}")
+    return {"port": SSHD_PORT, "pid": int(pid[0]), "host_keys": "the machine's"}
 
 
 def _nested_inside(guest: ContainerGuest) -> dict[str, Any]:

@@ -141,8 +141,14 @@ def container_lines(cell: CellRow) -> list[str]:
         runtime=rt,
         sysctls=box.get("sysctls") or None,
         nested=nested,
+        sshd=bool(box.get("sshd")),
     )
     lines.append(shlex.join(argv))
+    if box.get("sshd"):  # scp's load: the container's own sshd, with the guest's privilege-separation user
+        add_user = "grep -q '^sshd:' /etc/passwd || echo \"$0\" >> /etc/passwd"
+        lines.append(shlex.join(isolation.exec_argv(name, add_user, runtime=rt)) + " \"$(grep '^sshd:' /etc/passwd)\"")
+        start = isolation.SSHD_START.format(port=isolation.SSHD_PORT)
+        lines.append(shlex.join(isolation.exec_argv(name, start, runtime=rt)))
     if box.get("nginx"):
         start = f"mkdir -p {' '.join(isolation.NGINX_DIRS)} && /usr/sbin/nginx"
         lines.append(shlex.join(isolation.exec_argv(name, start, runtime=rt)))

@@ -375,7 +375,14 @@ def test_scp_checks_the_guest_host_key_when_the_context_has_them(tmp_path):
     c.known_hosts = tmp_path / "known_hosts"
     checked = dict(scp.SCP.commands(c))["tx"]
     assert "StrictHostKeyChecking=yes" in checked and f"UserKnownHostsFile={tmp_path / 'known_hosts'}" in checked
-    assert "StrictHostKeyChecking=no" not in checked
+    assert "StrictHostKeyChecking=no" not in checked and not [a for a in checked if "HostKeyAlias" in a]
+
+    class InContainer(G):  # a container cell's sshd: the machine's keys, on another port
+        port, host_key_alias = 2222, "10.77.0.10"
+
+    c.guest = InContainer()
+    boxed = dict(scp.SCP.commands(c))["tx"]
+    assert boxed[boxed.index("-P") + 1] == "2222" and "HostKeyAlias=10.77.0.10" in boxed
 
 
 @pytest.mark.parametrize("params", [{"size_mib": 0}, {"directions": ["up"]}, {"cipher": "aes; rm -rf /"}])

@@ -194,7 +194,8 @@ def test_the_wrapper_enters_the_container_except_for_the_cpu_snapshot():
 def test_workload_refusals():
     assert isolation.workload_problem("sysbench-cpu", {}) == ""
     assert isolation.workload_problem("git-clone", {"network": ["guest"]}) == ""
-    assert "sshd" in isolation.workload_problem("scp", {})
+    assert isolation.workload_problem("scp", {}) == ""  # the container runs an sshd of its own
+    assert "sshd" in isolation.workload_problem("scp", {}, bare_metal=True)
     # workloads that start containers run inside with nested podman: not in docker's, not on bare metal
     places = {"network": ["guest", "default", "host"]}
     for wl, params in (("git-clone", places), ("podman-build", {"network": ["host"]}), ("container-start", {})):
@@ -299,6 +300,31 @@ def test_network_bridge_is_passed_to_podman(fake_lab):
     assert c.status == "done" and c.facts["isolation"]["network"] == "bridge"
     made = next(x for x in fake.GUESTS[f"lab-{rid}-c01"].commands if x.startswith("podman run"))
     assert "--network=bridge --publish 80:80 --publish 443:443" in made
+
+
+def test_a_container_for_scp_runs_an_sshd_of_its_own():
+    from fakes.guest import FakeGuest
+
+    from lab.guest import Guest
+    from lab.osfacts import facts
+
+    argv = isolation.run_argv("n", "bridge", ["/usr"], {}, sshd=True)
+    assert "2222:2222" in argv and "/etc/ssh:/etc/ssh:ro" in argv and "/root/.ssh:/root/.ssh:ro" in argv
+    assert "2222:2222" not in isolation.run_argv("n", "bridge", ["/usr"], {})
+    machine = FakeGuest(address="10.0.0.2", facts=facts("debian"), nic_driver="virtio_net", vcpus=2, memory_mib=1024)
+    place = isolation.enter(Isolation.CONTAINER, machine, name="c1", os_name="debian", sshd=True)
+    assert place.facts["sshd"] == {"port": 2222, "pid": 4343, "host_keys": "the machine's"}
+    assert "mkdir -p /run/sshd && /usr/sbin/sshd -t -p 2222 && /usr/sbin/sshd -p 2222" in " ".join(machine.inside)
+    assert machine.inside[-2] == (  # the base image has no privilege-separation user: the machine's
+        "grep -q '^sshd:' /etc/passwd || echo sshd:x:100:65534::/run/sshd:/usr/sbin/nologin >> /etc/passwd"
+    )
+    assert (place.guest.port, place.guest.host_key_alias) == (2222, "10.0.0.2")
+    place.remove()
+    # what scp's own connection is checked with: the machine's known_hosts entry, named as the file names it
+    ssh_machine = Guest("10.77.0.10", key=Path("/k"), port=2200, known_hosts="[10.77.0.10]:2200 ssh-ed25519 AAAA\n")
+    box = isolation.ContainerGuest(ssh_machine, "c1", "debian", sshd=True)
+    assert (box.port, box.key, box.user, box.host_key_alias) == (2222, Path("/k"), "root", "[10.77.0.10]:2200")
+    ssh_machine.close()
 
 
 def test_nested_podman_argv():
@@ -453,7 +479,13 @@ def test_a_host_network_container_shares_the_tuned_namespace(fake_lab):
         ('isolation = ["vm", "jail"]', "", "", "matrix.isolation[1]", "FreeBSD"),
         ('isolation = ["zone"]', "", "", "matrix.isolation[0]", "SmartOS"),
         ('isolation = ["container"]\nimage = ["freebsd14"]', "", "", "matrix.isolation[0]", "no podman"),
-        ('isolation = ["container"]', 'workloads = ["sysbench-cpu", "scp"]', "", "suite.workloads[1]", "sshd"),
+        (
+            'isolation = ["container"]',
+            'workloads = ["sysbench-cpu", "scp"]\nbare_metal = true',
+            "",
+            "suite.workloads[1]",
+            "sshd",
+        ),
         (
             'isolation = ["container"]\nruntime = ["podman", "docker"]',
             'workloads = ["git-clone"]',
@@ -583,11 +615,16 @@ def test_lab_reproduce_of_a_nested_bridge_container_cell(tmp_path):
     from lab.model import RawOutput
 
     box = {"kind": "container", "network": "bridge", "binds": ["/usr"], "runtime": "podman"}
-    box.update(sysctls={"net.ipv4.tcp_rmem": "4096 87380 16777216"}, nested={"driver": "overlay"})
+    box.update(sysctls={"net.ipv4.tcp_rmem": "4096 87380 16777216"}, nested={"driver": "overlay"}, sshd={"port": 2222})
     out = reproduce_container_cell(tmp_path, box, [RawOutput("container-start", "hyperfine -N x", "")])
     tune = (out / "tune.sh").read_text()
     setup = isolation.nested_setup("/var/tmp/lab-nested/lab-c02")
     made = next(ln for ln in tune.splitlines() if ln.startswith("podman run --detach"))
     assert tune.index(setup) < tune.index(made)
     assert "--privileged" in made and "--sysctl 'net.ipv4.tcp_rmem=4096 87380 16777216'" in made
-    assert "/var/tmp/lab-nested/lab-c02/store:/var/lib/containers/storage" in made
+    assert "/var/tmp/lab-nested/lab-c02/store:/var/lib/containers/storage" in made and "2222:2222" in made
+    assert (
+        "podman exec lab-c02 sh -c 'grep -q '\"'\"'^sshd:'\"'\"' /etc/passwd || echo \"$0\" >> /etc/passwd' "
+        "\"$(grep '^sshd:' /etc/passwd)\""
+    ) in tune
+    assert "podman exec lab-c02 sh -c 'mkdir -p /run/sshd && /usr/sbin/sshd -t -p 2222" in tune

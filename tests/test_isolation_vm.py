@@ -16,9 +16,11 @@ from lab.store import Store
 pytestmark = [pytest.mark.vm, pytest.mark.image]
 
 SUITE = """
-workloads = ["sysbench-cpu", "http"]
+workloads = ["sysbench-cpu", "http", "scp"]
 repetitions = 2
 warmup = 0
+[suite.params.scp]
+size_mib = 8
 [suite.params.sysbench-cpu]
 time = 2
 threads = [1]
@@ -53,7 +55,7 @@ def test_vm_and_container_in_vm(golden, workdir, tmp_path):
     assert box["execs"] >= 3 and box["removed"] is True
     samples = store.samples(run.id)
     mine = [s for s in samples if s.cell_id == "c03"]
-    assert {s.workload for s in mine} == {"sysbench-cpu", "http"}
+    assert {s.workload for s in mine} == {"sysbench-cpu", "http", "scp"}
     assert {s.labels.get("container") for s in mine} == {box["id"][:12]}
     assert not [s for s in samples if s.cell_id == "c01" and "container" in s.labels]
     # the golden image has no docker (see README, Isolation): its cell is n/a with the reason, no sample
@@ -67,7 +69,11 @@ def test_vm_and_container_in_vm(golden, workdir, tmp_path):
             ("sysbench-cpu", "cpu_busy_pct"),
             ("http", "requests_per_s_c10"),
             ("http", "cpu_busy_pct"),
+            ("scp", "throughput_mb_s_tx"),
+            ("scp", "throughput_mb_s_rx"),
         } <= got, (cid, sorted(got))
+    # scp's load in the container cell: an sshd of the container's own (the machine's keys), not the guest's
+    assert box["sshd"]["port"] == 2222 and box["sshd"]["pid"] > 0
     for a, b in (("isolation=vm", "isolation=container"),):
         cmp = run_lab_cli("compare", run.id, "--a", a, "--b", b, "-c", str(cfg))
         assert cmp.returncode == 0, cmp.stderr
@@ -104,9 +110,12 @@ def test_a_bridge_container_in_a_tuned_vm_gets_the_tcp_sysctls_its_namespace_may
 
 
 NESTED_SUITE = """
-workloads = ["podman-build", "container-start", "git-clone"]
+workloads = ["podman-build", "container-start", "git-clone", "scp"]
 repetitions = 1
 warmup = 0
+[suite.params.scp]
+size_mib = 8
+directions = ["rx"]
 [suite.params.podman-build]
 files = 60
 file_kib = 16
@@ -129,7 +138,8 @@ network = ["default", "host"]
 def test_workloads_that_start_containers_run_inside_a_bridge_container_cell(golden, workdir, tmp_path):
     """Nested podman: the cell's container on podman's bridge network, privileged, with a store of its
     own; podman-build, container-start and git-clone's container places start their containers
-    inside it (on its own bridge network too), from the guest's base image seen read-only."""
+    inside it (on its own bridge network too), from the guest's base image seen read-only; scp
+    copies to the container's own sshd through its published port."""
     store, run, box = one_bridge_container_cell(tmp_path, workdir, 'isolation = ["container"]\n', NESTED_SUITE)
     assert box["nested"] == {
         "driver": "overlay",
@@ -146,4 +156,5 @@ def test_workloads_that_start_containers_run_inside_a_bridge_container_cell(gold
         assert got[("container-start", f"start_ms_{tag}")].value > 0
     for place in ("default", "host"):
         assert got[("git-clone", f"clone_mb_s_{place}")].value > 0
+    assert got[("scp", "throughput_mb_s_rx")].value > 0 and box["sshd"]["port"] == 2222  # through the published port
     assert leftovers(workdir, run.id) == []

@@ -1,4 +1,5 @@
-"""scp: copy a large file between the client side and the guest, in both directions.
+"""scp: copy a large file between the client side and the guest, in both directions (in a container
+cell, the container's own sshd: lab.isolation.SERVES_SSH).
 
 Directions as iperf3's: "tx" = the guest sends (client copies guest:FILE to /dev/null), "rx" = the
 guest receives (client copies a local file to guest:/dev/null), so neither side's disk is timed on
@@ -58,15 +59,20 @@ def scp_argv(
     remote: str,
     cipher: str = "",
     known_hosts: Path | None = None,
+    host_key_alias: str | None = None,
 ) -> list[str]:
     """`known_hosts`: the file with the guest's host keys (lab.images.known_hosts); the guest must
-    present one of them. Without it the host key is not checked (a guest whose image predates them)."""
+    present one of them. Without it the host key is not checked (a guest whose image predates them).
+    `host_key_alias`: the name the keys are under there, when the sshd is not the one the file names
+    (a container cell's: the machine's keys on another port)."""
     host = f"[{address}]" if ":" in address else address
     checked = (
         ["-o", "StrictHostKeyChecking=yes", "-o", f"UserKnownHostsFile={known_hosts}"]
         if known_hosts
         else ["-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null"]
     )
+    if known_hosts and host_key_alias:
+        checked += ["-o", f"HostKeyAlias={host_key_alias}"]
     argv = [
         "scp",
         "-i",
@@ -154,6 +160,7 @@ class Scp:
                         remote=GUEST_FILE if d == "tx" else "/dev/null",
                         cipher=p["cipher"],
                         known_hosts=ctx.known_hosts,
+                        host_key_alias=getattr(g, "host_key_alias", None),  # a container cell's guest
                     ),
                 )
             )

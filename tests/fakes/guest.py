@@ -159,6 +159,10 @@ class FakeGuest:
             raise CommandError(["ssh", self.address, command], 255, "", f"injected failure at {wanted}")
 
     def _answer(self, command: str) -> str:
+        if command == "grep '^sshd:' /etc/passwd":
+            return "sshd:x:100:65534::/run/sshd:/usr/sbin/nologin\n"
+        if command.startswith("mkdir -p /run/sshd && ") and self.within:  # a container's sshd: its pid
+            return "4343\n"
         if command.startswith("unshare --net "):  # a Debian 12 guest's new namespace: tcp_* its own, not core.*mem
             paths = shlex.split(command)[6:]
             return "".join(f"{p}\n" for p in paths if p.startswith(("/proc/sys/net/ipv4/", "/proc/sys/net/ipv6/")))
