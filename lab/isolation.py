@@ -152,8 +152,6 @@ def workload_problem(
 ) -> str:
     """Pure: why workload `name` with `params` cannot run inside the container cells of `runtimes`
     (and the bare-metal host's container cell, if there is one) ("" if it can)."""
-    if name in SERVES_SSH and bare_metal:
-        return "its load is the machine's sshd, and the bare-metal host's container cell is not reached by SSH"
     if not makes_containers(name, params):
         return ""
     what = "it starts containers itself" if name in MAKES_CONTAINERS else "its network places are containers of its own"
@@ -328,9 +326,10 @@ class ContainerGuest:
         self.known_hosts = machine.known_hosts  # the machine's host keys, which the container's sshd has
         # What a workload's own SSH connection (scp) logs in with: the machine's key and user, and the
         # container's sshd (else the machine's), checked against the machine's known_hosts entry.
+        # None: the machine is not reached by SSH (the bare-metal cell's host), nor is its container.
         self.key, self.user = getattr(machine, "key", None), getattr(machine, "user", "root")
-        port = getattr(machine, "port", 22)
-        self.port = SSHD_PORT if sshd else port
+        port = getattr(machine, "port", None)
+        self.port = SSHD_PORT if sshd and port is not None else port
         self.host_key_alias = self.address if port == 22 else f"[{self.address}]:{port}"
         # lab.workloads.cpu.snapshot's exact command line for this OS
         self._snapshot = "sh -c " + shlex.quote(osfacts.facts(os_name).cpu_ticks_cmd)

@@ -385,6 +385,15 @@ def test_scp_checks_the_guest_host_key_when_the_context_has_them(tmp_path):
     assert boxed[boxed.index("-P") + 1] == "2222" and "HostKeyAlias=10.77.0.10" in boxed
 
 
+def test_scp_is_skipped_where_the_machine_is_not_reached_by_ssh():
+    from lab.errors import LabError
+    from lab.guest import HostGuest
+
+    bare = HostGuest("10.0.0.1", netns="lab-x")  # the bare-metal cell's: it skips what raises in prepare
+    with pytest.raises(LabError, match="scp: its load is an sshd, and this machine is not reached by SSH"):
+        scp.SCP.prepare(ctx({}, guest=bare))
+
+
 @pytest.mark.parametrize("params", [{"size_mib": 0}, {"directions": ["up"]}, {"cipher": "aes; rm -rf /"}])
 def test_scp_bad_params(params):
     with pytest.raises(UsageError, match="scp"):

@@ -199,7 +199,8 @@ def isolate(
             where=where,
             tuned=tuned_sysctls(life.facts.get("tuning") or {}, os_name),
             nested=any(isolation.makes_containers(w, workload_params(ctx.cfg, w)) for w in ctx.cfg.suite.workloads),
-            sshd=any(w in isolation.SERVES_SSH for w in ctx.cfg.suite.workloads),
+            # the bare-metal host is not reached by SSH: its scp is skipped, no sshd is started for it
+            sshd=not host_cgroup and any(w in isolation.SERVES_SSH for w in ctx.cfg.suite.workloads),
         )
     except isolation.Unavailable as exc:
         life.finish(CellStatus.NA, str(exc))

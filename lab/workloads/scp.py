@@ -168,6 +168,8 @@ class Scp:
 
     def prepare(self, ctx: WorkloadContext) -> None:
         p = self.params(ctx)
+        if getattr(ctx.guest, "port", None) is None:  # the bare-metal cell: commands run on this host directly
+            raise LabError(f"{self.name}: its load is an sshd, and this machine is not reached by SSH")
         size = p["size_mib"] * 1048576
         if "tx" in p["directions"]:
             # dd with a byte count (bs=1048576) so GNU and BSD dd read it alike.
