@@ -76,6 +76,9 @@ SERVES_SSH = ("scp",)
 SSHD_PORT = 2222
 SSHD_BINDS = ("/etc/ssh", "/root/.ssh")
 SSHD_START = "mkdir -p /run/sshd && /usr/sbin/sshd -t -p {port} && /usr/sbin/sshd -p {port} && cat /run/sshd.pid"
+# In the container: the machine's privilege-separation user ({user}: its passwd line, shell-quoted)
+# added to the base image's /etc/passwd, which has none.
+SSHD_ADD_USER = "grep -q '^sshd:' /etc/passwd || echo {user} >> /etc/passwd"
 # Workloads that start containers of their own (so do those whose `network` lists a place other than
 # "guest"): inside the cell's container they get nested podman (NESTED_*), made only for such cells.
 MAKES_CONTAINERS = ("podman-build", "container-start")
@@ -513,7 +516,7 @@ def _sshd_inside(guest: ContainerGuest, machine: Any) -> dict[str, Any]:
     /etc/passwd (the base image's has none), its configuration checked first (`sshd -t`)."""
     user = machine.run("grep '^sshd:' /etc/passwd", timeout=30, check=False).stdout.strip()
     if user:
-        guest.run(f"grep -q '^sshd:' /etc/passwd || echo {shlex.quote(user)} >> /etc/passwd", timeout=30)
+        guest.run(SSHD_ADD_USER.format(user=shlex.quote(user)), timeout=30)
     res = guest.run(SSHD_START.format(port=SSHD_PORT), timeout=60, check=False)
     pid = res.stdout.strip().splitlines()[-1:] if res.returncode == 0 else []
     if not pid or not pid[0].isdigit():

@@ -145,7 +145,7 @@ def container_lines(cell: CellRow) -> list[str]:
     )
     lines.append(shlex.join(argv))
     if box.get("sshd"):  # scp's load: the container's own sshd, with the guest's privilege-separation user
-        add_user = "grep -q '^sshd:' /etc/passwd || echo \"$0\" >> /etc/passwd"
+        add_user = isolation.SSHD_ADD_USER.format(user='"$0"')  # $0: the guest's line, read as the script runs
         lines.append(shlex.join(isolation.exec_argv(name, add_user, runtime=rt)) + " \"$(grep '^sshd:' /etc/passwd)\"")
         start = isolation.SSHD_START.format(port=isolation.SSHD_PORT)
         lines.append(shlex.join(isolation.exec_argv(name, start, runtime=rt)))
