@@ -90,7 +90,8 @@ AXES_TABLE: tuple[Axis, ...] = (
     Axis("start", Literal["cold", "warm"], "cold", "start", optional=True, machine=True, in_spec=True),
     # Where the suite runs on the machine (lab.isolation): the machine itself, or a container on it.
     # A machine axis: a container cell is a different place to measure, never a twin of its VM cell.
-    Axis("isolation", Isolation, Isolation.VM, "isolation", optional=True, machine=True),
+    # Zones are the host's to make (VmSpec.isolation, in_spec); containers are made in the guest.
+    Axis("isolation", Isolation, Isolation.VM, "isolation", optional=True, machine=True, in_spec=True),
     # The container runtime of a container cell (lab.isolation.RUNTIMES); other cells have none, so
     # lab.plan.cells keeps one of them per runtime list, with the default (see ONLY_IN).
     Axis("runtime", Runtime, Runtime.PODMAN, "runtime", optional=True, machine=True),
@@ -99,6 +100,10 @@ AXES_TABLE: tuple[Axis, ...] = (
 # Axes that mean something only for some cells: axis -> (the axis it depends on, the value that gives
 # it a meaning). A cell without that value has the default (lab.plan.cells).
 ONLY_IN: dict[str, tuple[str, Any]] = {"runtime": ("isolation", Isolation.CONTAINER)}
+# Axes that mean nothing for cells with one value of another axis: axis -> (that axis, the value).
+# A zone (backend smartos) is made by its host, not cloned from the golden image or restored: its
+# NIC is a vnic with no emulated model and its disk a ZFS dataset on no bus.
+NOT_IN: dict[str, tuple[str, Any]] = {n: ("isolation", Isolation.ZONE) for n in ("nic", "disk_bus", "clone", "start")}
 
 BY_NAME: dict[str, Axis] = {a.name: a for a in AXES_TABLE}
 AXES: tuple[str, ...] = tuple(BY_NAME)  # the names, in label order
@@ -110,12 +115,13 @@ SPEC: tuple[str, ...] = tuple(a.name for a in AXES_TABLE if a.in_spec)
 def moot(values: Mapping[str, Any]) -> set[str]:
     """Pure: the axes that mean nothing for a cell with these axis values (ONLY_IN); the values may
     be enums or their stored strings, and a missing one is not the value that gives a meaning."""
-    return {n for n, (on, want) in ONLY_IN.items() if BY_NAME[on].plain(values.get(on)) != BY_NAME[on].plain(want)}
+    out = {n for n, (on, want) in ONLY_IN.items() if BY_NAME[on].plain(values.get(on)) != BY_NAME[on].plain(want)}
+    return out | {n for n, (on, no) in NOT_IN.items() if BY_NAME[on].plain(values.get(on)) == BY_NAME[on].plain(no)}
 
 
 def applies(name: str, unit: Any) -> bool:
     """Does axis `name` mean something for `unit` (a matrix or bare-metal cell)?"""
-    return name not in moot({on: getattr(unit, on, None) for on, _ in ONLY_IN.values()})
+    return name not in moot({on: getattr(unit, on, None) for on, _ in (*ONLY_IN.values(), *NOT_IN.values())})
 
 
 def axis(name: str) -> Axis:

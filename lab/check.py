@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from lab import backends, images, isolation, osfacts, plan, tuning, wan
-from lab.axes import AXES, BY_NAME
+from lab.axes import AXES, BY_NAME, KNOBS
 from lab.errors import ConfigError, HostUnreachable, SettingError, UnreachableError, UsageError
 from lab.labconfig import KNOWN_IMAGES, LabConfig
 from lab.model import ImageRef, Isolation, Runtime
@@ -35,6 +35,7 @@ def validate(cfg: LabConfig) -> None:
     cells = plan.cells(cfg)  # the one expansion of the matrix
     if not cells and not cfg.suite.bare_metal:
         raise ConfigError(cfg.source, "matrix.exclude", cfg.matrix.exclude, "excludes every cell; nothing to run")
+    check_isolation_kinds(cfg, cells)
     check_hosts(cfg, cells)
     check_guests(cfg, cells)
     check_boot(cfg, cells)
@@ -401,9 +402,9 @@ def check_workload_values(cfg: LabConfig, cells: list[plan.Cell], known: dict[st
                 raise ConfigError(src, f"suite.params.{wl}", given or None, f"{problem} (guest OS {os_name})") from None
 
 
-def check_isolation(cfg: LabConfig, cells: list[plan.Cell], known: dict[str, Workload]) -> None:
-    """Isolation kinds this lab can make (lab.isolation), on the guest OSes they are given, with
-    workloads that can run inside them; the container's bridge network with the cells' tuning."""
+def check_isolation_kinds(cfg: LabConfig, cells: list[plan.Cell]) -> None:
+    """Isolation kinds this lab can make (lab.isolation), on the guest OSes they are given (before
+    the hosts are asked whether they make them)."""
     src, m = cfg.source, cfg.matrix
     for i, kind in enumerate(m.isolation):
         why = isolation.kind_problem(kind)
@@ -418,10 +419,7 @@ def check_isolation(cfg: LabConfig, cells: list[plan.Cell], known: dict[str, Wor
                     rt.value,
                     'only container cells have a runtime, and matrix.isolation has no "container"',
                 )
-    boxed = [c for c in cells if c.isolation != Isolation.VM]
-    if not boxed and not (cfg.suite.bare_metal and any(k != Isolation.VM for k in m.isolation)):
-        return
-    for c in boxed:
+    for c in (c for c in cells if c.isolation != Isolation.VM):
         why = isolation.os_problem(c.isolation, KNOWN_IMAGES[c.image])
         if why:
             raise ConfigError(
@@ -432,6 +430,17 @@ def check_isolation(cfg: LabConfig, cells: list[plan.Cell], known: dict[str, Wor
                 hint=f'exclude it for this image in [matrix] exclude: {{ image = "{c.image}", '
                 f'isolation = "{c.isolation.value}" }}',
             )
+
+
+def check_isolation(cfg: LabConfig, cells: list[plan.Cell], known: dict[str, Workload]) -> None:
+    """Workloads that can run inside the cells' isolation; the container's bridge network with the
+    cells' tuning."""
+    src, boxed = cfg.source, [c for c in cells if c.isolation != Isolation.VM]
+    if not boxed and not (cfg.suite.bare_metal and any(k != Isolation.VM for k in cfg.matrix.isolation)):
+        return
+    check_zones(cfg, [c for c in boxed if c.isolation == Isolation.ZONE], known)
+    if not any(c.isolation == Isolation.CONTAINER for c in boxed) and not cfg.suite.bare_metal:
+        return
     runtimes = tuple(sorted({c.runtime for c in boxed if c.isolation == Isolation.CONTAINER}, key=str))
     bare = any(  # the bare-metal host's podman container cell (its docker one is n/a anyway)
         u.kind == plan.BARE_METAL and u.isolation == Isolation.CONTAINER and u.runtime == Runtime.PODMAN
@@ -442,3 +451,30 @@ def check_isolation(cfg: LabConfig, cells: list[plan.Cell], known: dict[str, Wor
         why = isolation.workload_problem(wl, params, runtimes=runtimes, bare_metal=bare)
         if why:
             raise ConfigError(src, f"suite.workloads[{i}]", wl, f"cannot run inside a container cell: {why}")
+
+
+def check_zones(cfg: LabConfig, zones: list[plan.Cell], known: dict[str, Workload]) -> None:
+    """A zone shares its host's kernel: it has no tunables of its own (the tune stage's knobs would
+    be the host's), and an lx zone runs no containers of its own."""
+    src = cfg.source
+    for c in zones:
+        for name in KNOBS:
+            value = getattr(c, name)
+            if value != BY_NAME[name].default:
+                raise ConfigError(
+                    src,
+                    _index(cfg, name, value),
+                    value,
+                    "a zone cell cannot be tuned: a zone shares its host's kernel, so its tunables are the host's",
+                    hint=f'exclude it for zones in [matrix] exclude: {{ isolation = "zone", {name} = "{value}" }}',
+                )
+    if zones:
+        for i, wl in enumerate(cfg.suite.workloads):
+            if isolation.makes_containers(wl, {**known[wl].defaults, **cfg.suite.params.get(wl, {})}):
+                raise ConfigError(
+                    src,
+                    f"suite.workloads[{i}]",
+                    wl,
+                    "cannot run in a zone cell: it starts containers, and an lx zone runs none",
+                    hint='drop it from the suite or "zone" from matrix.isolation (git-clone: network = ["guest"])',
+                )

@@ -5,8 +5,11 @@
   teardown, by the cell's `runtime` (Podman, or Docker where the machine has it: RUNTIMES). The
   workloads run unchanged: they get a Guest (ContainerGuest) whose every command enters the
   container (`podman exec` / `docker exec`).
-- "jail" (FreeBSD guests and hosts) and "zone" (SmartOS): no runtime makes them here (no FreeBSD
-  machine exists, the SmartOS emulator's zones are stubs), so lab.check refuses them at plan time.
+- "zone" (a SmartOS host's lx zone): the host's backend makes the zone as the cell's machine, in
+  place of a VM (VmSpec.isolation, Capabilities.machine_isolation), from the zone image its settings
+  name for the cell's image; here it is the machine itself, as "vm" is.
+- "jail" (FreeBSD guests and hosts): no runtime makes them here (no FreeBSD machine exists), so
+  lab.check refuses them at plan time.
 
 scp's load, the machine's sshd, is an sshd the container runs (SERVES_SSH). Workloads that start
 containers themselves (podman-build, container-start, git-clone's container places) run inside a
@@ -43,7 +46,7 @@ from typing import Any
 
 from lab import osfacts, proc, tuning
 from lab.errors import LabError
-from lab.model import Isolation, Runtime
+from lab.model import MADE_BY_HOST, Isolation, Runtime
 
 BASE_IMAGE = "localhost/lab-base:latest"  # lab.images.DEBIAN12.container.name (a test keeps them equal)
 # Where a guest keeps the base image's tarball: a runtime whose store lacks BASE_IMAGE (docker's:
@@ -61,13 +64,12 @@ WEB_PORTS = (80, 443)  # published on the machine's address with network = "brid
 NETWORKS = ("host", "bridge")
 STOP_NGINX = "systemctl stop nginx 2>/dev/null || rc-service nginx stop 2>/dev/null || true"
 
-# Why jails and zones are refused here (lab.check): one line each.
+# Why jails are refused here (lab.check): one line.
 NOT_HERE = {
     Isolation.JAIL: "no jail runtime exists here: jails need a FreeBSD guest or host (the freebsd14 image "
     "cannot be built on this machine, and no backend makes FreeBSD hosts' jails yet)",
-    Isolation.ZONE: "no zone runtime exists here: zones need a SmartOS host (backend smartos), whose "
-    "emulator's zones are stubs that cannot run the suite",
 }
+
 # Workloads whose load is the machine's sshd (their own SSH connection from the client side): inside a
 # container cell the container runs an sshd of its own, the machine's binary, configuration, host
 # keys and authorized keys (bound read-only), on SSHD_PORT (the machine's sshd keeps port 22 of a
@@ -137,6 +139,8 @@ def os_problem(kind: Isolation, os_name: str) -> str:
     """Pure: why a guest OS cannot hold this isolation kind ("" if it can)."""
     if kind == Isolation.CONTAINER and osfacts.facts(os_name).family != "linux":
         return f"guest OS {os_name} has no podman (containers run on Linux guests; FreeBSD's are jails)"
+    if kind == Isolation.ZONE and osfacts.facts(os_name).family != "linux":
+        return f"a zone of guest OS {os_name} cannot be made: the lab's zones are lx zones, which run Linux"
     return ""
 
 
@@ -412,7 +416,7 @@ def enter(
     its own, which gets the namespaced ones (facts: sysctls, sysctls_kernel_wide). `nested`: the
     cell's workloads start containers themselves, so podman runs inside (facts: nested). `sshd`: a
     workload's load is the machine's sshd, so the container runs its own (facts: sshd)."""
-    if kind == Isolation.VM:
+    if kind == Isolation.VM or kind in MADE_BY_HOST:
         return Place(machine)
     if kind != Isolation.CONTAINER:
         raise Unavailable(f"isolation {kind.value}: {kind_problem(kind) or 'not made by this lab'}")

@@ -38,6 +38,11 @@ class Isolation(enum.StrEnum):
     ZONE = "zone"
 
 
+# Isolation kinds the cell's host makes as its machine in place of a VM (a SmartOS host's zones:
+# VmSpec.isolation, Capabilities.machine_isolation); the others are made on the machine (lab.isolation).
+MADE_BY_HOST = frozenset({Isolation.ZONE})
+
+
 class Runtime(enum.StrEnum):
     """The container runtime of a container cell (lab.isolation.RUNTIMES)."""
 
@@ -89,6 +94,9 @@ class VmSpec:
     mac: str = ""
     expires_at: float = 0.0  # unix time after which `lab gc` may remove it
     place: str = ""  # one of the host's Capabilities.places (its lane's) the VM must go to; "" = any
+    # ZONE: the host makes an OS-virtualised machine instead of a VM (Capabilities.machine_isolation);
+    # a container is made inside the guest (lab.isolation), so its spec says VM's default to backends
+    isolation: Isolation = Isolation.VM
     labels: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
 
 

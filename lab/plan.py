@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Final, Literal
 from lab import axes as axes_table, backends, osfacts, stats, tuning
 from lab.axes import AXES_TABLE
 from lab.labconfig import KNOWN_IMAGES, LabConfig
-from lab.model import ImageRef, Isolation, Runtime, VmSpec
+from lab.model import MADE_BY_HOST, ImageRef, Isolation, Runtime, VmSpec
 
 
 class _CellBase:
@@ -173,7 +173,8 @@ def units(cfg: LabConfig) -> list[Unit]:
         out.append(replace(matrix[0], replica=2))
     if cfg.suite.bare_metal:
         hosts = [h for h in cfg.matrix.host if backends.capabilities(cfg.hosts[h]).bare_metal]
-        kinds = sorted(cfg.matrix.isolation, key=lambda k: k != Isolation.VM)
+        # a zone is its host's machine (backend smartos): the local host has no bare-metal zone
+        kinds = sorted((k for k in cfg.matrix.isolation if k not in MADE_BY_HOST), key=lambda k: k != Isolation.VM)
         places = [
             (k, rt) for k in kinds for rt in (cfg.matrix.runtime if k == Isolation.CONTAINER else [Runtime.PODMAN])
         ]

@@ -49,6 +49,11 @@ def find_cell(store: Store, run_ref: str, cell_id: str) -> tuple[str, CellRow]:
                 raise UsageError(
                     f"cell {cell_id} of run {run.id} ran on the host itself: there is no machine to reproduce"
                 )
+            if cell.axes.get("isolation") == "zone":  # a Vagrant VM of the golden image would not be it
+                raise UsageError(
+                    f"cell {cell_id} of run {run.id} ran in a SmartOS zone of the image "
+                    f"{cell.facts.get('zone_image') or '?'}, not a VM of the lab's image: there is no VM to reproduce"
+                )
             return run.id, cell
     raise UsageError(f"run {run.id} has no cell {cell_id!r}; its cells: {', '.join(c.cell_id for c in cells)}")
 

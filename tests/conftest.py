@@ -72,6 +72,7 @@ SECONDS = {
     "test_libvirt_warm.py": 90,
     "test_firmware_boot.py": 90,
     "test_libvirt_e2e.py": 50,
+    "test_smartos_zones.py": 40,
 }
 SECONDS_VM = 60
 

@@ -207,9 +207,12 @@ def test_workload_refusals():
     assert not isolation.makes_containers("git-clone", {"network": ["guest"]})
     assert isolation.workload_problem("sysbench-cpu", {}, runtimes=(Runtime.DOCKER,), bare_metal=True) == ""
     assert isolation.kind_problem(Isolation.CONTAINER) == ""
-    assert "FreeBSD" in isolation.kind_problem(Isolation.JAIL) and "SmartOS" in isolation.kind_problem(Isolation.ZONE)
+    # zones are the SmartOS host's to make (Capabilities.machine_isolation), not refused as a kind
+    assert "FreeBSD" in isolation.kind_problem(Isolation.JAIL) and isolation.kind_problem(Isolation.ZONE) == ""
     assert isolation.os_problem(Isolation.CONTAINER, "debian") == ""
     assert "jails" in isolation.os_problem(Isolation.CONTAINER, "freebsd")
+    assert isolation.os_problem(Isolation.ZONE, "debian") == ""
+    assert "lx zones" in isolation.os_problem(Isolation.ZONE, "freebsd")
 
 
 # -- the axis on the fake backend ------------------------------------------------------------------
@@ -481,7 +484,7 @@ def test_a_host_network_container_shares_the_tuned_namespace(fake_lab):
     "matrix, suite, extra, key, words",
     [
         ('isolation = ["vm", "jail"]', "", "", "matrix.isolation[1]", "FreeBSD"),
-        ('isolation = ["zone"]', "", "", "matrix.isolation[0]", "SmartOS"),
+        ('isolation = ["zone"]', "", "", "matrix.isolation[0]", "only a SmartOS host makes zones"),
         ('isolation = ["container"]\nimage = ["freebsd14"]', "", "", "matrix.isolation[0]", "no podman"),
         (
             'isolation = ["container"]\nruntime = ["podman", "docker"]',

@@ -18,7 +18,6 @@ import pytest
 from conftest import run_lab_cli
 from smartos_emulator import SmartosEmulator, gz_network
 from smartos_emulator.fixtures import skip_unless_emulator_can_run
-from smartos_emulator.imgadm import Image
 
 from lab import proc
 from lab.backends.smartos import SmartosBackend
@@ -431,19 +430,7 @@ def test_lab_run_against_an_unreachable_host_is_one_line_exit_2(smartos, tmp_pat
 
 
 def test_a_zone_for_the_isolation_axis(smartos, tmp_path):
-    zone_file = smartos.gz.path(f"/zones/{FOREIGN_ZONE_IMAGE}/final.img")
-    zone_file.parent.mkdir(parents=True, exist_ok=True)
-    zone_file.write_bytes(b"")
-    smartos.gz.imgadm.images[FOREIGN_ZONE_IMAGE] = Image(
-        {
-            "uuid": FOREIGN_ZONE_IMAGE,
-            "name": "base-64-lts",
-            "version": "24.4.0",
-            "type": "zone-dataset",
-            "os": "smartos",
-        },
-        zone_file,
-    )
+    smartos.install_zone_image(FOREIGN_ZONE_IMAGE, name="base-64-lts", kind="zone-dataset", os_name="smartos")
     # the zone trusts the lab's public key; the emulator's own stands in for it where no image was
     # built (make test-fast on a fresh clone has no images/lab_key)
     env = dataclasses.replace(smartos.env(), ssh_key=smartos.sshd.client_key)

@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from lab import clients, images
 from lab.errors import SettingError, UsageError
 from lab.hostload import LoadWindow, UnknownWindow
-from lab.model import Client, CloneKind, DiskBus, ImageRef, NicModel, Owned, Vm, VmSpec
+from lab.model import MADE_BY_HOST, Client, CloneKind, DiskBus, ImageRef, Isolation, NicModel, Owned, Vm, VmSpec
 
 if TYPE_CHECKING:
     from lab.guest import Guest
@@ -132,6 +132,9 @@ class Capabilities:
     # parts of the host a VM can be pinned to, each a lane of its own with `slots` (a Proxmox
     # cluster's nodes): a run deals its cells to them (VmSpec.place); () = the host is one place
     places: tuple[str, ...] = ()
+    # isolation kinds the host makes as the cell's machine itself, instead of a VM (a SmartOS host's
+    # zones: VmSpec.isolation); their cells have no NIC model, disk bus, clone kind or warm start
+    machine_isolation: frozenset[Isolation] = frozenset()
     # feature -> why it is missing, for the plan's one-line refusal
     missing: dict[str, str] = field(default_factory=dict)
 
@@ -327,8 +330,13 @@ class Backend(abc.ABC):
             netns=client.netns,
             control_dir=vm.control_dir,
             os=vm.spec.image.os,
-            known_hosts=images.known_hosts(vm.spec.image, [vm.address]),
+            known_hosts=self.known_hosts(vm),
         )
+
+    def known_hosts(self, vm: Vm) -> str:
+        """The known_hosts lines the guest's host keys are checked against: the image's, which every
+        clone of it carries (lab.images.hostkeys)."""
+        return images.known_hosts(vm.spec.image, [vm.address])
 
     # -- warm start ----------------------------------------------------------------------------------------
     # A spec with start = "warm" is cloned from a post-boot memory snapshot of its machine shape
@@ -361,11 +369,25 @@ class Backend(abc.ABC):
 
 def check_spec(caps: Capabilities, spec: VmSpec, where: str) -> None:
     """Pure: a spec against a host's capabilities. SettingError names the matrix axis and value."""
-    for key, value, offered in (
-        ("nic", spec.nic, caps.nic_models),
-        ("disk_bus", spec.disk_bus, caps.disk_buses),
-        ("clone", spec.clone, caps.clone_kinds),
-    ):
+    if spec.isolation in MADE_BY_HOST:
+        if spec.isolation not in caps.machine_isolation:
+            raise SettingError(
+                "isolation",
+                spec.isolation.value,
+                f"not made by {where}: "
+                + caps.missing.get(spec.isolation.value, f"only a SmartOS host makes {spec.isolation.value}s"),
+                hint="exclude it for this host in [matrix] exclude",
+            )
+        machine: tuple[
+            tuple[str, Any, frozenset], ...
+        ] = ()  # a zone has no NIC model, disk bus, clone kind or snapshot (lab.axes.NOT_IN)
+    else:
+        machine = (
+            ("nic", spec.nic, caps.nic_models),
+            ("disk_bus", spec.disk_bus, caps.disk_buses),
+            ("clone", spec.clone, caps.clone_kinds),
+        )
+    for key, value, offered in machine:
         if value not in offered:
             raise SettingError(
                 key,

@@ -11,7 +11,7 @@ from lab import isolation, osfacts, plan, schedule, tuning, wan
 from lab.errors import VerificationError
 from lab.guest import Guest
 from lab.lifecycle import CellLife, Interrupted, lease_expiry
-from lab.model import CellStatus, ImageRef, Isolation, Runtime, Vm, VmSpec
+from lab.model import MADE_BY_HOST, CellStatus, ImageRef, Isolation, Runtime, Vm, VmSpec
 from lab.runner.context import RunContext, workload_params
 from lab.runner.measure import run_workloads
 
@@ -119,7 +119,7 @@ def _vm_cell(
     life.on_teardown("close SSH", guest.close)
     guest.connect(timeout=backend.settings.ssh_timeout)
     life.enter("verify")
-    life.facts["verified"] = verify(guest, facts, spec)
+    life.facts["verified"] = verify(guest, facts, spec, vm.facts.get("caps"))
     life.enter("tune", cell.tuning)
     applied = tuning.apply(guest, facts, cell.tuning)
     life.facts["tuning"] = {
@@ -399,8 +399,14 @@ def _bare_metal_cell(
     life.finish(CellStatus.DONE if final else CellStatus.PENDING)
 
 
-def verify(guest: Guest, facts: osfacts.OsFacts, spec: VmSpec) -> dict[str, Any]:
-    """Read back from inside the guest what the cell asked for; refuse to measure a mismatch."""
+def verify(guest: Guest, facts: osfacts.OsFacts, spec: VmSpec, caps: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Read back from inside the guest what the cell asked for; refuse to measure a mismatch. A
+    machine its host makes in place of a VM (a zone) has caps instead, which its backend read back
+    and checked (`caps`): inside, it sees its host's CPUs and has no emulated NIC."""
+    if spec.isolation in MADE_BY_HOST:
+        if not caps:
+            raise VerificationError(f"the host read back no caps of this {spec.isolation.value}")
+        return {**caps, "kernel": guest.run("uname -sr", timeout=30).stdout.strip()}
     out = guest.run(
         f"echo nic=$({facts.nic_driver_cmd}); echo cpus=$({facts.ncpu_cmd}); "
         f"echo mem=$({facts.mem_kib_cmd}); uname -sr",

@@ -36,7 +36,7 @@ from lab.backends import Backend, host_lanes
 from lab.errors import LabError, SettingError, TeardownError, UsageError
 from lab.labconfig import LabConfig
 from lab.lifecycle import Interrupted, Reporter, SilentReporter, shielded
-from lab.model import CellStatus, ImageRef
+from lab.model import MADE_BY_HOST, CellStatus, ImageRef
 from lab.runlock import RunLock, run_lock_path
 from lab.runner import clientssh, lanes
 from lab.runner.cells import run_unit
@@ -77,7 +77,8 @@ def prepare(cfg: LabConfig) -> tuple[list[plan.Unit], dict[str, ImageRef], dict[
             b.check_specs([plan.vm_spec(c, imgs[c.image], run_id="check") for c in vms])
         except SettingError as exc:
             raise check.located(cfg, host, exc) from None
-        b.check_images([imgs[name] for name in sorted({c.image for c in vms})])
+        # a zone is made from the host's zone image (check_specs), not from the golden image
+        b.check_images([imgs[name] for name in sorted({c.image for c in vms if c.isolation not in MADE_BY_HOST})])
         if clients.ssh_target(b.settings.client) is not None:
             clientssh.check(cfg.source, host, b)
     return cells, imgs, backends
@@ -89,7 +90,12 @@ def image_lines(prepared: tuple[list[plan.Unit], dict[str, ImageRef], dict[str, 
     lines = []
     for host, b in backends.items():
         lines += b.describe_images(
-            [imgs[n] for n in sorted({c.image for c in cells if c.kind == "vm" and c.host == host})]
+            [
+                imgs[n]
+                for n in sorted(
+                    {c.image for c in cells if c.kind == "vm" and c.host == host and c.isolation not in MADE_BY_HOST}
+                )
+            ]
         )
     return lines
 

@@ -1,7 +1,8 @@
 """One emulated SmartOS host, put together: the test's network namespace (the host's `external`
 network: a bridge, with the lab's client side on it; and an admin link, a veth pair to this
 machine's namespace, where the global zone's sshd listens), the global zone, sshd, and what backs
-its guests (real QEMU guests of the golden image, stubs, or nothing)."""
+its guests (real QEMU guests of the golden image, stubs, or nothing) and, if asked, its lx zones
+(zones.ZoneBacking)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,9 @@ from lab.model import Accel, ImageRef
 
 from .backing import QemuBacking, StubBacking
 from .gz import GlobalZoneEmulator
+from .imgadm import Image
 from .sshd import Sshd
+from .zones import ZoneBacking
 
 ALLOC_LOCK = Path("/var/tmp/lab-smartos-emulator-nets.lock")
 BRIDGE = "extbr0"
@@ -84,6 +87,7 @@ class SmartosEmulator:
         backing: str | None = "stub",
         image: ImageRef | None = None,
         accel: Accel = Accel.TCG,
+        zones: bool = False,
     ):
         self.workdir, self.net = Path(workdir), net
         bridges = {"external": net.bridge}
@@ -96,7 +100,21 @@ class SmartosEmulator:
             self.backing = StubBacking(netns=net.netns, bridges=bridges, subnet=net.subnet)
         else:
             self.backing = None
-        self.gz = GlobalZoneEmulator(self.workdir / "gz", netns=net.netns, nic_tags=bridges, backing=self.backing)
+        # zones: lx zones run this machine's userland with the golden image's site (zones.ZoneBacking)
+        self.zones = (
+            ZoneBacking(
+                workdir=self.workdir / "zones",
+                netns=net.netns,
+                bridges=bridges,
+                subnet=net.subnet,
+                site_image="debian12",
+            )
+            if zones
+            else None
+        )
+        self.gz = GlobalZoneEmulator(
+            self.workdir / "gz", netns=net.netns, nic_tags=bridges, backing=self.backing, zones=self.zones
+        )
         self.sshd = Sshd(self.workdir, netns=net.netns, address=net.admin_ip, socket_path=self.gz.socket_path)
         self.faults = self.gz.faults
 
@@ -126,6 +144,19 @@ class SmartosEmulator:
 
     def guests(self) -> list[str]:
         return [u for u, vm in self.gz.vmadm.vms.items() if vm.guest is not None]
+
+    def install_zone_image(
+        self, uuid: str, *, name: str, kind: str = "lx-dataset", os_name: str = "linux", **tags: str
+    ) -> None:
+        """An imported zone image (`imgadm import`), as `imgadm list` shows it; a zone has no disk to
+        clone, so its dataset is an empty file."""
+        dataset = self.gz.path(f"/zones/{uuid}/final.img")
+        dataset.parent.mkdir(parents=True, exist_ok=True)
+        dataset.write_bytes(b"")
+        manifest = {"uuid": uuid, "name": name, "version": "20260101", "type": kind, "os": os_name, "tags": tags}
+        if kind == "lx-dataset":
+            manifest["requirements"] = {"brand": "lx"}
+        self.gz.imgadm.images[uuid] = Image(manifest, dataset)
 
     def table(self, **over: Any) -> dict[str, Any]:
         """The `[hosts.NAME]` keys of a smartos host on this emulator."""

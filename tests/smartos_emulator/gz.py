@@ -133,6 +133,7 @@ class GlobalZoneEmulator:
         netns: str | None,
         nic_tags: dict[str, str],
         backing: Any = None,
+        zones: Any = None,
         hostname: str = "gz-emu",
         live_image: str = "20260306T044811Z",
     ):
@@ -142,6 +143,7 @@ class GlobalZoneEmulator:
             (self.root / d).mkdir(parents=True, exist_ok=True)
         self.socket_path = self.workdir / "gz.sock"
         self.netns, self.bridges, self.backing = netns, dict(nic_tags), backing
+        self.zones = zones  # what runs booted lx zones (zones.ZoneBacking); None: the backing's stub, if any
         self.hostname, self.live_image = hostname, live_image
         self.bhyve_max_vcpus = 32  # sysinfo's "Bhyve Max Vcpus" (a test may lower it)
         self.server_uuid = str(uuidlib.uuid5(uuidlib.NAMESPACE_DNS, hostname))
@@ -178,7 +180,7 @@ class GlobalZoneEmulator:
         for vm in list(self.vmadm.vms.values()):
             with vm.lock:
                 if vm.guest is not None:
-                    self.backing.stop(vm.guest)
+                    vm.backing.stop(vm.guest)
                     vm.guest = None
 
     def next_zoneid(self) -> int:
@@ -363,7 +365,8 @@ class GlobalZoneEmulator:
                 m = re.match(r"^(\S+) dev (\S+) lladdr (\S+)", line)
                 if m and "FAILED" not in line and "INCOMPLETE" not in line:
                     rows.append((m.group(2), m.group(1), m.group(3)))
-        for mac, ip in (getattr(self.backing, "leases", None) or {}).items():
+        leases = {**(getattr(self.backing, "leases", None) or {}), **(getattr(self.zones, "leases", None) or {})}
+        for mac, ip in leases.items():
             rows.append(("vnic0", ip, mac))
         io.out(
             "\nNet to Media Table: IPv4\nDevice   IP Address               Mask      Flags      Phys Addr\n"
@@ -371,6 +374,17 @@ class GlobalZoneEmulator:
             + "".join(f"{dev:<6} {ip:<20} 255.255.255.255          {_illumos_mac(mac)}\n" for dev, ip, mac in rows)
         )
         return 0
+
+    def cmd_cat(self, args: list[str], io: Io) -> int:
+        """Files the global zone has; a zone's own files are under its zonepath's root/."""
+        code = 0
+        for a in args:
+            try:
+                io.out(self.read_file(a))
+            except FileNotFoundError:
+                io.err(f"cat: cannot open {a}: No such file or directory\n")
+                code = 2
+        return code
 
     def cmd_rm(self, args: list[str], io: Io) -> int:
         force = "-f" in args

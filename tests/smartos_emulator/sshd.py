@@ -14,6 +14,7 @@ import shutil
 import socket
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from lab import proc
@@ -64,6 +65,9 @@ class Sshd:
     ):
         self.dir = Path(workdir) / "sshd"
         self.netns, self.address, self.port, self.socket_path = netns, address, port, socket_path
+        self.authorized_keys = ""  # root's keys; "" = the test's own root_key
+        # argv -> the argv that runs it: a zone's sshd joins the zone's cgroups before its namespace
+        self.wrap: Callable[[list[str]], list[str]] | None = None
         self.client_key = self.dir / "root_key"
         self.known_hosts = self.dir / "known_hosts"
         self.process: subprocess.Popen | None = None
@@ -86,7 +90,7 @@ class Sshd:
                         str(self.dir / key),
                     ]
                 )
-        (self.dir / "authorized_keys").write_text((self.dir / "root_key.pub").read_text())
+        (self.dir / "authorized_keys").write_text(self.authorized_keys or (self.dir / "root_key.pub").read_text())
         host_pub = (self.dir / "host_ed25519.pub").read_text().split()[:2]
         target = self.address if self.port == 22 else f"[{self.address}]:{self.port}"
         self.known_hosts.write_text(f"{target} {' '.join(host_pub)}\n")
@@ -122,11 +126,11 @@ class Sshd:
         Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege separation directory
         log = open(self.dir / "sshd.log", "ab")
         try:
-            self.process = proc.spawn(
-                [str(SSHD), "-D", "-e", "-f", str(self.dir / "sshd_config")],
-                netns=self.netns,
-                stdout=log,
-                stderr=subprocess.STDOUT,
+            argv = [str(SSHD), "-D", "-e", "-f", str(self.dir / "sshd_config")]
+            self.process = (
+                proc.spawn(self.wrap(proc.netns_prefix(self.netns) + argv), stdout=log, stderr=subprocess.STDOUT)
+                if self.wrap
+                else proc.spawn(argv, netns=self.netns, stdout=log, stderr=subprocess.STDOUT)
             )
         finally:
             log.close()

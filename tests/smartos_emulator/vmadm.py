@@ -81,7 +81,8 @@ class VmRecord:
     zoneid: int | None = None
     boot_timestamp: str | None = None
     transition: dict[str, Any] | None = None
-    guest: Any = None  # the backing's handle of a running HVM guest
+    guest: Any = None  # the backing's handle of a running HVM guest or zone
+    backing: Any = None  # what runs it (the gz's backing, or its zones)
     files: list = field(default_factory=list)  # disk files in the emulator's root
     nocloud: bool = False
     lock: threading.RLock = field(default_factory=threading.RLock)
@@ -371,19 +372,21 @@ class Vmadm:
 
     # -- power ----------------------------------------------------------------------------------------
     def _boot(self, vm: VmRecord) -> None:
-        backing = self.gz.backing
+        backing, zones = self.gz.backing, self.gz.zones
         if vm.brand in HVM and backing is not None:
             boot = next(d for d in vm.obj["disks"] if d.get("boot"))
-            vm.guest = backing.start(vm, self.gz.path(boot["path"]))
+            vm.guest, vm.backing = backing.start(vm, self.gz.path(boot["path"])), backing
+        elif vm.brand in OS and zones is not None:
+            vm.guest, vm.backing = zones.start(vm, self.gz.path(vm.obj["zonepath"])), zones
         elif vm.brand in OS and getattr(backing, "backs_zones", False):
-            vm.guest = backing.start(vm, None)
+            vm.guest, vm.backing = backing.start(vm, None), backing
         vm.zoneid = self.gz.next_zoneid()
         vm.boot_timestamp = now_iso()
         vm.state = "running"
 
     def _halt(self, vm: VmRecord) -> None:
         if vm.guest is not None:
-            self.gz.backing.stop(vm.guest)
+            vm.backing.stop(vm.guest)
             vm.guest = None
         vm.state, vm.transition, vm.zoneid, vm.boot_timestamp = "stopped", None, None, None
 
@@ -442,9 +445,9 @@ class Vmadm:
         """ACPI power-off; `stopping` until the guest halts or the timeout forces it."""
         vm.state = "stopping"
         vm.transition = {"transition_to": "stopped", "transition_expire": int(time.time() + timeout) * 1000}
-        self.gz.backing.powerdown(vm.guest)
+        vm.backing.powerdown(vm.guest)
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and self.gz.backing.running(vm.guest):
+        while time.monotonic() < deadline and vm.backing.running(vm.guest):
             time.sleep(0.2)
 
     def cmd_delete(self, rest: list[str], io: Io) -> int:

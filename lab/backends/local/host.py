@@ -57,14 +57,16 @@ def plug_tap_argv(ns: str, tap: str) -> list[str]:
     return ["ip", "-n", ns, "link", "set", tap, "master", BRIDGE]
 
 
-def veth_netns_argvs(ns: str, bridge_ns: str, veth: str, address: str, prefix: int = 24) -> list[list[str]]:
+def veth_netns_argvs(
+    ns: str, bridge_ns: str, veth: str, address: str, prefix: int = 24, bridge: str = BRIDGE
+) -> list[list[str]]:
     """Pure: a namespace `ns` whose eth0 (address/prefix) is one end of a veth pair; the other end,
-    `veth`, is plugged into the bridge of `bridge_ns` (the bare-metal cell's network)."""
+    `veth`, is plugged into `bridge` of `bridge_ns` (the bare-metal cell's network)."""
     return [
         ["ip", "netns", "add", ns],
         ["ip", "-n", ns, "link", "set", "lo", "up"],
         ["ip", "-n", bridge_ns, "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns],
-        ["ip", "-n", bridge_ns, "link", "set", veth, "master", BRIDGE, "up"],
+        ["ip", "-n", bridge_ns, "link", "set", veth, "master", bridge, "up"],
         ["ip", "-n", ns, "addr", "add", f"{address}/{prefix}", "dev", "eth0"],
         ["ip", "-n", ns, "link", "set", "eth0", "up"],
     ]

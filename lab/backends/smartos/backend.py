@@ -12,8 +12,9 @@ bhyve hosts older than that; the KVM brand's QEMU hands it out by DHCP); with DH
 guest's MAC is looked up in the global zone's ARP table (`arp -an`), then in this machine's
 neighbour table (in `client_netns`). Ready means: running, an address, and sshd answering there.
 
-Zones (joyent and lx brands) for the isolation axis: `create_zone` makes one for a cell; it then
-lives and dies through the same start / wait_ready / destroy as a VM.
+Zones for the isolation axis (lab.backends.smartos.zones): a cell whose spec asks for a zone gets an lx
+zone of the zone image `zone_images` names, made by `create_zone`; it then lives and dies through the
+same start / wait_ready / destroy as a VM.
 """
 
 from __future__ import annotations
@@ -32,11 +33,11 @@ from typing import Any
 from lab import proc, runlock
 from lab.backends.base import Backend, BackendEnv, Capabilities, PlainClient
 from lab.backends.neighbours import parse_arp
-from lab.backends.smartos import payload, publish
+from lab.backends.smartos import payload, publish, zones
 from lab.backends.smartos.globalzone import CommandFailed, ConnectionLost, GlobalZone
 from lab.backends.smartos.settings import DISK_MODELS, NIC_MODELS, Settings, address_pool, capabilities
 from lab.errors import BackendError, ConfigError, LabError, SettingError, TeardownError, TimeoutError_, UsageError
-from lab.model import Client, ImageRef, Owned, Vm, VmSpec
+from lab.model import Client, ImageRef, Isolation, Owned, Vm, VmSpec
 from lab.runlock import RunLocks
 from lab.wait import wait_until
 
@@ -58,6 +59,7 @@ class SmartosBackend(Backend):
         self._pool = address_pool(settings.addresses)
         self._sysinfo: dict[str, Any] | None = None
         self._images: dict[str, str] = {}  # image name -> imgadm uuid of its published image
+        self._zones: dict[str, dict[str, str]] = {}  # image name -> its zone image (zones.zone_image)
         self._taken: set[str] = set()  # pool addresses handed out by this process
         self._lock = threading.Lock()
         host = re.sub(r"[^A-Za-z0-9_.-]", "_", host_name)
@@ -67,6 +69,18 @@ class SmartosBackend(Backend):
     @classmethod
     def capabilities(cls, settings: Settings) -> Capabilities:  # type: ignore[override]
         return capabilities(settings)
+
+    @classmethod
+    def plan_check(cls, host_name: str, settings: Settings, specs: Sequence[VmSpec]) -> None:  # type: ignore[override]
+        super().plan_check(host_name, settings, specs)
+        for spec in specs:
+            if spec.isolation == Isolation.ZONE and spec.image.name not in settings.zone_images:
+                raise SettingError(
+                    f"zone_images.{spec.image.name}",
+                    None,
+                    f"a zone cell of image {spec.image.name!r} needs the installed lx zone image it is made from",
+                    hint=f'zone_images = {{ {spec.image.name} = "<uuid from imgadm list>" }}',
+                )
 
     # -- the host -----------------------------------------------------------------------------------
     def sysinfo(self) -> dict[str, Any]:
@@ -117,8 +131,13 @@ class SmartosBackend(Backend):
         where = f"host {self.host_name!r} ({info.get('Live Image')})"
         max_vcpus = info.get("Bhyve Max Vcpus") if self.settings.brand == "bhyve" else None
         memory = int(info.get("MiB of Memory") or 0)
+        entries = publish.installed(self.gz) if any(s.isolation == Isolation.ZONE for s in specs) else []
         for spec in specs:
-            if isinstance(max_vcpus, int) and spec.vcpus > max_vcpus:
+            zone = spec.isolation == Isolation.ZONE  # its vCPUs are a CPU cap, not bhyve's
+            if zone:
+                name = spec.image.name
+                self._zones[name] = zones.zone_image(entries, self.settings.zone_images[name], name, self.host_name)
+            if not zone and isinstance(max_vcpus, int) and spec.vcpus > max_vcpus:
                 raise SettingError("vcpus", spec.vcpus, f"more than the {max_vcpus} vCPUs bhyve takes on {where}")
             if memory and spec.memory_mib > memory:
                 raise SettingError("memory_mib", spec.memory_mib, f"more than the {memory} MiB {where} has")
@@ -201,6 +220,8 @@ class SmartosBackend(Backend):
 
     # -- per VM -------------------------------------------------------------------------------------------
     def clone(self, image: ImageRef, spec: VmSpec) -> Vm:
+        if spec.isolation == Isolation.ZONE:
+            return self._zone(image, spec)
         brand = self.settings.brand
         if spec.nic not in NIC_MODELS[brand] or spec.disk_bus not in DISK_MODELS[brand]:
             raise UsageError(
@@ -242,6 +263,39 @@ class SmartosBackend(Backend):
         )
         vm.facts.update({"brand": brand, "image_uuid": image_uuid, "isolation": "zone"})
         return vm
+
+    def _zone(self, image: ImageRef, spec: VmSpec) -> Vm:
+        """A zone cell's machine (lab.backends.smartos.zones): an lx zone of the zone image for `image`,
+        its caps read back and checked; nothing is left if they differ."""
+        if image.name not in self._zones:
+            self.check_specs([spec])
+        made = self._zones[image.name]
+        t0 = time.monotonic()
+        vm = self.create_zone(spec, brand="lx", image_uuid=made["uuid"], kernel_version=made["kernel_version"])
+        try:
+            got = self._get(vm.handle["uuid"]) or {}
+            caps = zones.caps(got)
+            vm.handle["zonepath"] = caps["zonepath"]
+            vm.facts.update(
+                {
+                    "zone_image": made["image"],
+                    "kernel_version": made["kernel_version"],
+                    "clone_seconds": round(time.monotonic() - t0, 2),
+                    "caps": zones.verify_zone(caps, spec),
+                    "cpu_accounting": zones.CPU_ACCOUNTING,
+                }
+            )
+        except BaseException:
+            self._destroy_quietly(vm)
+            raise
+        return vm
+
+    def known_hosts(self, vm: Vm) -> str:
+        """A zone's host key is made at its first boot: read from its root through the global zone."""
+        if vm.spec.isolation != Isolation.ZONE:
+            return super().known_hosts(vm)
+        path = f"{vm.handle['zonepath']}/{zones.HOST_KEY}"
+        return zones.known_hosts(vm.address, self.gz.read(["cat", path], what=f"cat {path}").stdout)
 
     def _create(self, spec: VmSpec, make_payload) -> Vm:
         """`vmadm create` of make_payload(uuid, ip), under the address lock while a pool address is

@@ -12,7 +12,7 @@ from pydantic import Field, field_validator
 
 from lab.backends.base import Capabilities, HostSettings
 from lab.backends.proxmox.settings import address_pool, check_addresses  # one pool syntax for every backend
-from lab.model import CloneKind, DiskBus, NicModel
+from lab.model import CloneKind, DiskBus, Isolation, NicModel
 
 TIMEOUT_KEYS = Literal["connect", "command", "create", "start", "stop", "delete", "ready", "publish"]
 DEFAULT_TIMEOUTS = {
@@ -38,6 +38,7 @@ DISK_MODELS: dict[str, dict[DiskBus, str]] = {
     "kvm": {DiskBus.VIRTIO: "virtio", DiskBus.IDE: "ide", DiskBus.SCSI: "scsi"},
 }
 MAX_VCPUS = {"bhyve": 32, "kvm": 64}  # sysinfo "Bhyve Max Vcpus" is 32 on current platforms
+UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 SSH_TARGET = re.compile(r"^(?:[A-Za-z0-9_.][A-Za-z0-9_.-]*@)?[A-Za-z0-9.\[][A-Za-z0-9.:\[\]-]*$")  # never "-o..."
 
 
@@ -60,6 +61,8 @@ class Settings(HostSettings):
     client_address: str = ""  # this machine as the guests see it (iperf3/wrk servers)
     client_netns: str = ""  # load generators and SSH to guests run in this network namespace of this machine
     cpu_type: Literal["host", "qemu64"] = "host"  # KVM brand only
+    # matrix isolation "zone": lab image -> the installed lx zone image (imgadm uuid) its zones are made from
+    zone_images: dict[str, str] = {}
     timeouts: dict[TIMEOUT_KEYS, Annotated[float, Field(gt=0, le=86400)]] = {}
     poll_interval: float = Field(default=1.0, gt=0, le=60)
 
@@ -120,6 +123,14 @@ class Settings(HostSettings):
                 raise ValueError(f"{r!r} is not an IP address") from None
         return v
 
+    @field_validator("zone_images")
+    @classmethod
+    def _zone_images(cls, v: dict[str, str]) -> dict[str, str]:
+        for name, uuid in v.items():
+            if not UUID.fullmatch(uuid):
+                raise ValueError(f"{name} = {uuid!r} is not an image uuid (as `imgadm list` prints it)")
+        return v
+
     @field_validator("zpool", "nic_tag")
     @classmethod
     def _name(cls, v: str) -> str:
@@ -137,7 +148,9 @@ def capabilities(settings: Settings) -> Capabilities:
         clone_kinds=frozenset({CloneKind.LINKED}),  # vmadm makes an image's disk with `zfs clone`
         boot_modes=frozenset({settings.bootrom}),
         max_vcpus=MAX_VCPUS[brand],
+        machine_isolation=frozenset({Isolation.ZONE}) if settings.zone_images else frozenset(),
         missing={
+            "zone": 'its settings name no zone image: set zone_images = { IMAGE = "<uuid of an installed lx image>" }',
             "clone=full": "vmadm clones an image's disk with zfs clone: there is no full copy",
             "snapshots": "vmadm has no memory snapshots: warm start is not available",
         },

@@ -1,0 +1,279 @@
+"""`lab run` of zone cells (matrix isolation "zone") on the emulated SmartOS host, end to end over
+real SSH: `vmadm create` of an lx zone from the installed zone image `zone_images` names, its caps
+read back, its host key read from its root through the global zone, the suite run inside it (this
+machine's sysbench, iperf3 against the lab's server, wrk against the zone's nginx), and `vmadm
+delete` leaving nothing: no zone, namespace, cgroup or process.
+
+The emulator's zones (smartos_emulator.zones) run this machine's userland in a namespace on the
+host's bridge, capped by cgroups, as an lx zone runs its image's userland on the host's kernel.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+from conftest import run_lab_cli
+from smartos_emulator import SmartosEmulator, gz_network
+from smartos_emulator.fixtures import (  # noqa: F401  (fixtures)
+    skip_unless_emulator_can_run,
+    smartos_fixture,
+    smartos_net_fixture,
+    smartos_workdir_fixture,
+)
+from test_smartos_e2e import _toml_value
+
+from lab import proc
+from lab.model import ImageRef, Isolation, NicModel, VmSpec
+
+ZONE_IMAGE = "7b5981c4-1889-11e7-b4c5-3f3bdfc9b88b"  # the uuid imgadm shows for an imported lx image
+
+
+def _lab_toml(path: Path, host: dict, extra_matrix: str = "") -> Path:
+    path.write_text(
+        "\n".join(
+            [
+                "[lab]",
+                f'results = "{path.parent / "results"}"',
+                "[hosts.sm]",
+                *(f"{k} = {_toml_value(v)}" for k, v in host.items()),
+                "[matrix]",
+                'host = ["sm"]',
+                'image = ["debian12"]',
+                'isolation = ["zone"]',
+                'nic = ["virtio", "e1000"]',  # moot for a zone: one cell, not two
+                "vcpus = [1]",
+                "memory_mib = [512]",
+                extra_matrix,
+                "[suite]",
+                'workloads = ["sysbench-cpu", "iperf3-tcp", "http"]',
+                "repetitions = 2",
+                "warmup = 0",
+                "[suite.params.sysbench-cpu]",
+                "time = 2",
+                "threads = [1, 2]",
+                "[suite.params.iperf3-tcp]",
+                "time = 2",
+                "[suite.params.http]",
+                "duration = 2",
+                "connections = [10]",
+                "",
+            ]
+        )
+    )
+    return path
+
+
+@pytest.mark.vm
+@pytest.mark.image
+def test_lab_run_of_zone_cells_on_an_emulated_smartos_host(golden, tmp_path):
+    skip_unless_emulator_can_run()
+    workdir = Path(tempfile.mkdtemp(prefix="smz", dir="/var/tmp"))
+    try:
+        with gz_network() as net, SmartosEmulator(workdir, net, backing="stub", zones=True) as emu:
+            emu.install_zone_image(ZONE_IMAGE, name="debian-12", kernel_version="5.10.0")
+            host = emu.table(zone_images={"debian12": ZONE_IMAGE})
+            toml = _lab_toml(tmp_path / "lab.toml", host)
+            plan = run_lab_cli("plan", "-c", str(toml), cwd=tmp_path, timeout=120)
+            assert plan.returncode == 0, plan.stderr
+            print(plan.stdout)
+            res = run_lab_cli("run", "-c", str(toml), cwd=tmp_path, timeout=900)
+            assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
+            doc = json.loads(run_lab_cli("show", "--json", "-c", str(toml), cwd=tmp_path).stdout)
+            (cell,) = doc["cells"]  # nic e1000 is not a second zone cell
+            facts = cell["facts"] if isinstance(cell["facts"], dict) else json.loads(cell["facts"])
+            assert cell["status"] == "done", cell
+            assert facts["isolation"] == "zone" and facts["brand"] == "lx"
+            assert facts["zone_image"] == "debian-12@20260101" and facts["kernel_version"] == "5.10.0"
+            assert facts["verified"]["cpu_cap"] == 100 and facts["verified"]["max_physical_memory"] == 512
+            assert facts["verified"]["nic_driver"] == "vnic"
+            assert facts["verified"]["kernel"].startswith("Linux ")
+            samples = doc["samples"]
+            metrics = {(s["workload"], s["metric"]) for s in samples}
+            assert any(w == "sysbench-cpu" and m.startswith("events_per_s") for w, m in metrics), metrics
+            assert any(w == "iperf3-tcp" and "throughput" in m for w, m in metrics), metrics
+            assert any(w == "http" and m.startswith("requests_per_s") for w, m in metrics), metrics
+            eps = {t: [s["value"] for s in samples if s["metric"] == f"events_per_s_{t}"] for t in ("1t", "2t")}
+            assert all(len(v) == 2 and min(v) > 0 for v in eps.values()), eps
+            # cpu_cap 100 held: two threads got one CPU's worth, not this machine's two cores' (~2x)
+            ratio = sum(eps["2t"]) / sum(eps["1t"])
+            print(f"zone cell: sysbench 2 threads / 1 thread under cpu_cap 100 = {ratio:.2f}")
+            assert ratio < 1.5, eps
+            # CPU busy % beside throughput, over the whole host as an lx zone's /proc/stat shows it
+            assert {"cpu_busy_pct_1t", "cpu_busy_pct_c10"} <= {m for _, m in metrics}
+            assert "processor set" in facts["cpu_accounting"]
+            rep = run_lab_cli("reproduce", "latest", "c01", "-c", str(toml), cwd=tmp_path)
+            assert rep.returncode == 2 and "SmartOS zone of the image debian-12@20260101" in rep.stderr, rep.stderr
+            assert emu.vms() == {}
+            left = proc.run(["ip", "netns", "list"], check=False).stdout
+            assert "labz" not in left, left
+            assert not list(Path("/sys/fs/cgroup").glob("*/labz*")) and not list(Path("/sys/fs/cgroup").glob("labz*"))
+            assert not emu.gz.internal_errors, emu.gz.internal_errors
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+# -- before anything is made: the plan, the checks, the pure parts ------------------------------------
+
+SMARTOS_HOST = {
+    "backend": "smartos",
+    "ssh": "root@192.0.2.7",
+    "addresses": "10.9.0.10-10.9.0.20",
+    "gateway": "10.9.0.1",
+}
+
+
+def _plan_toml(tmp_path: Path, *, host: dict | None = None, matrix: str = "", suite: str = "") -> Path:
+    h = {**SMARTOS_HOST, "zone_images": {"debian12": ZONE_IMAGE}} if host is None else host
+    path = tmp_path / "lab.toml"
+    path.write_text(
+        "\n".join(
+            [
+                f'[lab]\nresults = "{tmp_path / "results"}"',
+                "[hosts.sm]",
+                *(f"{k} = {_toml_value(v)}" for k, v in h.items()),
+                '[matrix]\nhost = ["sm"]',
+                matrix or 'isolation = ["vm", "zone"]\nnic = ["virtio", "e1000"]',
+                "[suite]",
+                suite or 'workloads = ["sysbench-cpu"]',
+                "",
+            ]
+        )
+    )
+    return path
+
+
+def test_a_zone_cell_has_no_nic_disk_clone_or_start_axis(tmp_path):
+    from lab import axes, plan
+    from lab.config import load
+
+    cfg = load(_plan_toml(tmp_path))
+    cells = plan.cells(cfg)
+    # two VM cells (virtio, e1000) and one zone: the nic axis means nothing for a zone's vnic
+    assert [(c.isolation.value, c.nic.value) for c in cells] == [("vm", "virtio"), ("zone", "virtio"), ("vm", "e1000")]
+    zone = cells[1]
+    assert {"nic", "disk_bus", "clone", "start"} <= axes.moot(zone.values())
+    assert not axes.applies("nic", zone) and axes.applies("nic", cells[0])
+    assert (
+        plan.vm_spec(
+            zone, ImageRef(name="debian12", os="debian12", path=Path("-"), digest=""), run_id="r"
+        ).isolation.value
+        == "zone"
+    )
+
+
+@pytest.mark.parametrize(
+    "host, matrix, suite, key, words",
+    [
+        (SMARTOS_HOST, 'isolation = ["zone"]', "", "matrix.isolation[0]", "name no zone image"),
+        (
+            {**SMARTOS_HOST, "zone_images": {"alpine": ZONE_IMAGE}},
+            'isolation = ["zone"]',
+            "",
+            "hosts.sm.zone_images.debian12",
+            "installed lx zone image",
+        ),
+        ({**SMARTOS_HOST, "zone_images": {"debian12": "debian-12"}}, 'isolation = ["zone"]', "", "hosts.sm", "uuid"),
+        (None, 'isolation = ["zone"]\ntuning = ["wan-16m"]', "", "matrix.tuning[0]", "shares its host's kernel"),
+        (None, 'isolation = ["zone"]\ncc = ["bbr"]', "", "matrix.cc[0]", "cannot be tuned"),
+        (None, 'isolation = ["zone"]', 'workloads = ["podman-build"]', "suite.workloads[0]", "lx zone runs none"),
+        (None, 'isolation = ["zone"]\nimage = ["freebsd14"]', "", "matrix.isolation[0]", "lx zones"),
+    ],
+)
+def test_zone_cells_refused_at_plan_time_in_one_line(tmp_path, host, matrix, suite, key, words):
+    from conftest import lab_cli
+
+    path = _plan_toml(tmp_path, host=host, matrix=matrix, suite=suite)
+    res = lab_cli("plan", "-c", str(path))
+    assert res.returncode == 2, (res.stdout, res.stderr)
+    err = res.stderr.strip()
+    assert len(err.splitlines()) == 1 and key in err and words in err, err
+    assert str(path.name) in err and not (tmp_path / "results").exists()
+
+
+def _spec(vcpus: int = 1, memory: int = 512):
+    image = ImageRef(name="debian12", os="debian12", path=Path("-"), digest="d")
+    return VmSpec(
+        name="lab-r1-c01",
+        run_id="r1",
+        cell_id="c01",
+        image=image,
+        nic=NicModel.VIRTIO,
+        vcpus=vcpus,
+        memory_mib=memory,
+        isolation=Isolation.ZONE,
+    )
+
+
+def test_zone_image_caps_and_host_key_checks():
+    from lab.backends.smartos import zones
+    from lab.errors import SettingError, VerificationError
+
+    lx = {
+        "uuid": ZONE_IMAGE,
+        "name": "debian-12",
+        "version": "20240101",
+        "type": "lx-dataset",
+        "tags": {"kernel_version": "5.10.0"},
+    }
+    assert zones.zone_image([{"manifest": lx}], ZONE_IMAGE, "debian12", "sm") == {
+        "uuid": ZONE_IMAGE,
+        "image": "debian-12@20240101",
+        "kernel_version": "5.10.0",
+    }
+    for entries, words in (
+        ([], "no such image installed"),
+        ([{"manifest": {**lx, "type": "zone-dataset"}}], "not an lx zone image"),
+        ([{"manifest": {**lx, "tags": {}}}], "kernel_version"),
+    ):
+        with pytest.raises(SettingError, match=words) as err:
+            zones.zone_image(entries, ZONE_IMAGE, "debian12", "sm")
+        assert err.value.key == "zone_images.debian12"
+    made = {
+        "brand": "lx",
+        "zonepath": "/zones/x",
+        "cpu_cap": 200,
+        "max_physical_memory": 1024,
+        "kernel_version": "5.10.0",
+    }
+    assert zones.caps({**made, "alias": "a"}) == made
+    got = zones.verify_zone(made, _spec(2, 1024))
+    assert got["nic_driver"] == "vnic" and got["cpu_cap"] == 200 and got["vcpus"] == 2
+    with pytest.raises(VerificationError, match="cpu_cap is 200, cell asked for 1 vCPUs"):
+        zones.verify_zone(made, _spec(1, 1024))
+    with pytest.raises(VerificationError, match="max_physical_memory is 1024 MiB, cell asked for 512"):
+        zones.verify_zone(made, _spec(2, 512))
+    assert zones.known_hosts("10.0.0.5", "ssh-ed25519 AAAAC3 root@zone\n") == "10.0.0.5 ssh-ed25519 AAAAC3\n"
+    with pytest.raises(VerificationError, match="not an SSH public key"):
+        zones.known_hosts("10.0.0.5", "cat: no such file")
+
+
+def test_a_zone_cell_through_clone_on_the_emulator(smartos):
+    """The backend's clone of a zone spec: the zone image looked up and checked, an lx zone with its
+    kernel version and caps, read back; a zone image that is not installed names its key."""
+    import dataclasses
+
+    from lab.backends.smartos import SmartosBackend
+    from lab.errors import SettingError
+
+    env = dataclasses.replace(smartos.env(), ssh_key=smartos.sshd.client_key)
+    b = SmartosBackend("sm", smartos.settings(zone_images={"debian12": ZONE_IMAGE}), env)
+    with pytest.raises(SettingError, match="no such image installed") as err:
+        b.check_specs([_spec()])
+    assert err.value.key == "zone_images.debian12"
+    smartos.install_zone_image(ZONE_IMAGE, name="debian-12", kernel_version="5.10.0")
+    try:
+        b.check_specs([_spec()])
+        zone = b.clone(_spec().image, _spec())
+        obj = smartos.vms()[zone.handle["uuid"]]
+        assert obj["brand"] == "lx" and obj["kernel_version"] == "5.10.0" and obj["image_uuid"] == ZONE_IMAGE
+        assert obj["cpu_cap"] == 100 and obj["max_physical_memory"] == 512 and "disks" not in obj
+        assert zone.facts["caps"]["cpu_cap"] == 100 and zone.facts["zone_image"] == "debian-12@20260101"
+        assert zone.handle["zonepath"] == obj["zonepath"]
+        b.destroy(zone)
+        assert smartos.vms() == {}
+    finally:
+        del smartos.gz.imgadm.images[ZONE_IMAGE]
