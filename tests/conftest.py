@@ -187,7 +187,7 @@ def own_workdir():
 def sweep(workdir: Path) -> list[str]:
     """Kill the QEMUs whose files are under `workdir` and remove the network namespaces of the runs
     that used it (lab-<run>, lab-<run>-bm01: the runs named by its machine directories, run locks
-    and QEMUs); return what was there."""
+    and QEMUs) and their bare-metal cgroups; return what was there."""
     from lab.backends import local
     from lab.backends.local import host, layout
 
@@ -205,6 +205,11 @@ def sweep(workdir: Path) -> list[str]:
         if ns.startswith("lab-") and layout.run_of_netns(ns) in runs - {""}:
             found.append(f"netns {ns}")
             local.remove_netns(ns)
+    parent = host.cgroup_parent()  # the bare-metal cells' cgroups (lab-<run>-bm01) of those runs
+    for cg in parent[0].glob("lab-*") if parent else ():
+        if cg.is_dir() and layout.run_of_netns(cg.name) in runs - {""}:
+            found.append(f"cgroup {cg}")
+            host.remove_cgroup(cg)
     return found
 
 

@@ -13,6 +13,7 @@ import pytest
 
 from lab import proc
 from lab.backends import local
+from lab.backends.local import host
 from lab.backends.local.qemu import QEMU
 from lab.wait import wait_until
 
@@ -30,6 +31,9 @@ def plant(workdir, run_id: str) -> subprocess.Popen:
     vmdir.mkdir()
     for ns in (f"lab-{run_id}", f"lab-{run_id}-bm01"):
         proc.run(["ip", "netns", "add", ns])
+    parent = host.cgroup_parent()
+    if parent:  # the bare-metal cell's cgroup (empty: what a kill -9 of its processes leaves)
+        (parent[0] / f"lab-{run_id}-bm01").mkdir()
     argv = [QEMU, "-name", f"lab-{run_id}-c01", "-machine", "none", "-nodefaults", "-display", "none", "-S"]
     p = subprocess.Popen([*argv, "-pidfile", str(vmdir / "qemu.pid")], stdin=subprocess.DEVNULL)
     wait_until(lambda: local.qemu_processes(workdir), timeout=60, what="the planted QEMU")
@@ -44,9 +48,12 @@ def test_sweep_removes_what_the_runs_of_a_workdir_left_and_nothing_else(tmp_path
     proc.run(["ip", "netns", "add", f"lab-{other}"])  # another run's (another test's): not this workdir's
     try:
         found = conftest.sweep(workdir)
+        parent = host.cgroup_parent()
+        cgroups = [f"cgroup {parent[0] / f'lab-{run_id}-bm01'}"] if parent else []
         assert sorted(found) == sorted(
-            [f"qemu pid {p.pid} lab-{run_id}-c01", f"netns lab-{run_id}", f"netns lab-{run_id}-bm01"]
+            [f"qemu pid {p.pid} lab-{run_id}-c01", f"netns lab-{run_id}", f"netns lab-{run_id}-bm01", *cgroups]
         )
+        assert not parent or not (parent[0] / f"lab-{run_id}-bm01").exists()
         assert p.wait(timeout=30) is not None
         assert not [n for n in local.list_netns() if n.startswith(f"lab-{run_id}")]
         assert f"lab-{other}" in local.list_netns()
@@ -56,6 +63,9 @@ def test_sweep_removes_what_the_runs_of_a_workdir_left_and_nothing_else(tmp_path
         p.wait()
         for ns in (f"lab-{run_id}", f"lab-{run_id}-bm01", f"lab-{other}"):
             local.remove_netns(ns)
+        parent = host.cgroup_parent()
+        if parent:
+            host.remove_cgroup(parent[0] / f"lab-{run_id}-bm01")
 
 
 def test_the_workdir_fixture_fails_a_test_that_leaves_a_namespace():

@@ -79,7 +79,7 @@ def test_lab_run_of_zone_cells_on_an_emulated_smartos_host(golden, tmp_path):
             toml = _lab_toml(tmp_path / "lab.toml", host)
             plan = run_lab_cli("plan", "-c", str(toml), cwd=tmp_path, timeout=120)
             assert plan.returncode == 0, plan.stderr
-            print(plan.stdout)
+            assert "creates: 0 VM(s) and 1 zone(s)" in plan.stdout, plan.stdout
             res = run_lab_cli("run", "-c", str(toml), cwd=tmp_path, timeout=900)
             assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
             doc = json.loads(run_lab_cli("show", "--json", "-c", str(toml), cwd=tmp_path).stdout)

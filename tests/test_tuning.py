@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from conftest import lab_cli
 
-from lab import config, osfacts, plan, tuning, wan
+from lab import axes as axes_table, config, osfacts, plan, tuning, wan
 from lab.tuning import parse_offloads
 from lab.wan import WanProfile
 
@@ -186,7 +186,7 @@ def test_lab_plan_reports_duplicates(tmp_path):
 
 
 def test_examples_exist():
-    assert {p.stem for p in EXAMPLES} >= {"nic-shootout", "wan-tcp", "lro", "isolation"}
+    assert {p.stem for p in EXAMPLES} >= {"nic-shootout", "wan-tcp", "lro", "isolation", "smartos-zones"}
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
@@ -213,6 +213,12 @@ def test_example_loads_and_plans(path, tmp_path):
             ("bm01", "vm", "podman"),
             ("bm02", "container", "podman"),
             ("bm03", "container", "docker"),
+        ]
+    elif path.stem == "smartos-zones":  # one zone cell for both NIC models: a zone has none
+        assert [(c.id, str(c.isolation), axes_table.applies("nic", c)) for c in cells] == [
+            ("c01", "vm", True),
+            ("c02", "zone", False),
+            ("c03", "vm", True),
         ]
     assert plan.equivalents(cfg, cells) == {}  # every example cell measures something different
     res = lab_cli("plan", "-c", str(path), cwd=tmp_path)

@@ -26,6 +26,7 @@ from lab.cli.progress import PlainReporter, RichReporter
 from lab.cli.views import print_show
 from lab.errors import LabError, UsageError
 from lab.labconfig import LabConfig
+from lab.model import Isolation
 from lab.store import Store, StoreError
 from lab.workloads import load_all
 
@@ -97,8 +98,10 @@ def plan_cmd(config_path, check_hosts, as_json):
                 f"wan {name}: netem {' '.join(wan.netem_args(prof))} on one direction "
                 f"(delay_ms = added round-trip time)" + (" — all zeros: same as none" if prof.is_null else "")
             )
+    zones = sum(1 for c in cells if c.isolation == Isolation.ZONE)
+    made = f"{(len(cells) - zones) * boots} VM(s)" + (f" and {zones * boots} zone(s)" if zones else "")
     say(
-        f"creates: {len(cells) * boots} VM(s), one at a time"
+        f"creates: {made}, one at a time"
         + (" on each host" if len(est.lanes) > 1 else "")
         + ", each destroyed after its "
         + (f"round ({boots} rounds)" if boots > 1 else "cell")
