@@ -433,15 +433,13 @@ def check_isolation_kinds(cfg: LabConfig, cells: list[plan.Cell]) -> None:
 
 
 def check_isolation(cfg: LabConfig, cells: list[plan.Cell], known: dict[str, Workload]) -> None:
-    """Workloads that can run inside the cells' isolation; the container's bridge network with the
-    cells' tuning."""
-    src, boxed = cfg.source, [c for c in cells if c.isolation != Isolation.VM]
-    if not boxed and not (cfg.suite.bare_metal and any(k != Isolation.VM for k in cfg.matrix.isolation)):
+    """Workloads that can run inside the cells' zones and containers (the bare-metal host's too)."""
+    src = cfg.source
+    check_zones(cfg, [c for c in cells if c.isolation == Isolation.ZONE], known)
+    boxed = [c for c in cells if c.isolation == Isolation.CONTAINER]
+    if not boxed and not (cfg.suite.bare_metal and Isolation.CONTAINER in cfg.matrix.isolation):
         return
-    check_zones(cfg, [c for c in boxed if c.isolation == Isolation.ZONE], known)
-    if not any(c.isolation == Isolation.CONTAINER for c in boxed) and not cfg.suite.bare_metal:
-        return
-    runtimes = tuple(sorted({c.runtime for c in boxed if c.isolation == Isolation.CONTAINER}, key=str))
+    runtimes = tuple(sorted({c.runtime for c in boxed}, key=str))
     bare = any(  # the bare-metal host's podman container cell (its docker one is n/a anyway)
         u.kind == plan.BARE_METAL and u.isolation == Isolation.CONTAINER and u.runtime == Runtime.PODMAN
         for u in plan.units(cfg)

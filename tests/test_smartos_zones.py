@@ -10,13 +10,14 @@ host's bridge, capped by cgroups, as an lx zone runs its image's userland on the
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import tempfile
 from pathlib import Path
 
 import pytest
-from conftest import run_lab_cli
+from conftest import lab_cli, run_lab_cli
 from smartos_emulator import SmartosEmulator, gz_network
 from smartos_emulator.fixtures import (  # noqa: F401  (fixtures)
     skip_unless_emulator_can_run,
@@ -24,42 +25,48 @@ from smartos_emulator.fixtures import (  # noqa: F401  (fixtures)
     smartos_net_fixture,
     smartos_workdir_fixture,
 )
+from test_smartos_backend import spec
 from test_smartos_e2e import _toml_value
 
-from lab import proc
-from lab.model import ImageRef, Isolation, NicModel, VmSpec
+from lab import axes, plan, proc
+from lab.backends.smartos import SmartosBackend, zones
+from lab.config import load
+from lab.errors import SettingError, VerificationError
+from lab.model import ImageRef, Isolation, VmSpec
 
 ZONE_IMAGE = "7b5981c4-1889-11e7-b4c5-3f3bdfc9b88b"  # the uuid imgadm shows for an imported lx image
 
 
-def _lab_toml(path: Path, host: dict, extra_matrix: str = "") -> Path:
+ZONE_MATRIX = """image = ["debian12"]
+isolation = ["zone"]
+nic = ["virtio", "e1000"]  # moot for a zone: one cell, not two
+vcpus = [1]
+memory_mib = [512]"""
+ZONE_SUITE = """workloads = ["sysbench-cpu", "iperf3-tcp", "http"]
+repetitions = 2
+warmup = 0
+[suite.params.sysbench-cpu]
+time = 2
+threads = [1, 2]
+[suite.params.iperf3-tcp]
+time = 2
+[suite.params.http]
+duration = 2
+connections = [10]"""
+
+
+def _lab_toml(path: Path, host: dict, *, matrix: str, suite: str) -> Path:
+    """lab.toml of one SmartOS host `sm` with these [matrix] and [suite] lines, results beside it."""
     path.write_text(
         "\n".join(
             [
-                "[lab]",
-                f'results = "{path.parent / "results"}"',
+                f'[lab]\nresults = "{path.parent / "results"}"',
                 "[hosts.sm]",
                 *(f"{k} = {_toml_value(v)}" for k, v in host.items()),
-                "[matrix]",
-                'host = ["sm"]',
-                'image = ["debian12"]',
-                'isolation = ["zone"]',
-                'nic = ["virtio", "e1000"]',  # moot for a zone: one cell, not two
-                "vcpus = [1]",
-                "memory_mib = [512]",
-                extra_matrix,
+                '[matrix]\nhost = ["sm"]',
+                matrix,
                 "[suite]",
-                'workloads = ["sysbench-cpu", "iperf3-tcp", "http"]',
-                "repetitions = 2",
-                "warmup = 0",
-                "[suite.params.sysbench-cpu]",
-                "time = 2",
-                "threads = [1, 2]",
-                "[suite.params.iperf3-tcp]",
-                "time = 2",
-                "[suite.params.http]",
-                "duration = 2",
-                "connections = [10]",
+                suite,
                 "",
             ]
         )
@@ -76,7 +83,7 @@ def test_lab_run_of_zone_cells_on_an_emulated_smartos_host(golden, tmp_path):
         with gz_network() as net, SmartosEmulator(workdir, net, backing="stub", zones=True) as emu:
             emu.install_zone_image(ZONE_IMAGE, name="debian-12", kernel_version="5.10.0")
             host = emu.table(zone_images={"debian12": ZONE_IMAGE})
-            toml = _lab_toml(tmp_path / "lab.toml", host)
+            toml = _lab_toml(tmp_path / "lab.toml", host, matrix=ZONE_MATRIX, suite=ZONE_SUITE)
             plan = run_lab_cli("plan", "-c", str(toml), cwd=tmp_path, timeout=120)
             assert plan.returncode == 0, plan.stderr
             assert "creates: 0 VM(s) and 1 zone(s)" in plan.stdout, plan.stdout
@@ -127,28 +134,15 @@ SMARTOS_HOST = {
 
 
 def _plan_toml(tmp_path: Path, *, host: dict | None = None, matrix: str = "", suite: str = "") -> Path:
-    h = {**SMARTOS_HOST, "zone_images": {"debian12": ZONE_IMAGE}} if host is None else host
-    path = tmp_path / "lab.toml"
-    path.write_text(
-        "\n".join(
-            [
-                f'[lab]\nresults = "{tmp_path / "results"}"',
-                "[hosts.sm]",
-                *(f"{k} = {_toml_value(v)}" for k, v in h.items()),
-                '[matrix]\nhost = ["sm"]',
-                matrix or 'isolation = ["vm", "zone"]\nnic = ["virtio", "e1000"]',
-                "[suite]",
-                suite or 'workloads = ["sysbench-cpu"]',
-                "",
-            ]
-        )
+    return _lab_toml(
+        tmp_path / "lab.toml",
+        {**SMARTOS_HOST, "zone_images": {"debian12": ZONE_IMAGE}} if host is None else host,
+        matrix=matrix or 'isolation = ["vm", "zone"]\nnic = ["virtio", "e1000"]',
+        suite=suite or 'workloads = ["sysbench-cpu"]',
     )
-    return path
 
 
 def test_a_zone_cell_has_no_nic_disk_clone_or_start_axis(tmp_path):
-    from lab import axes, plan
-    from lab.config import load
 
     cfg = load(_plan_toml(tmp_path))
     cells = plan.cells(cfg)
@@ -184,7 +178,6 @@ def test_a_zone_cell_has_no_nic_disk_clone_or_start_axis(tmp_path):
     ],
 )
 def test_zone_cells_refused_at_plan_time_in_one_line(tmp_path, host, matrix, suite, key, words):
-    from conftest import lab_cli
 
     path = _plan_toml(tmp_path, host=host, matrix=matrix, suite=suite)
     res = lab_cli("plan", "-c", str(path))
@@ -194,23 +187,12 @@ def test_zone_cells_refused_at_plan_time_in_one_line(tmp_path, host, matrix, sui
     assert str(path.name) in err and not (tmp_path / "results").exists()
 
 
-def _spec(vcpus: int = 1, memory: int = 512):
+def _spec(vcpus: int = 1, memory: int = 512) -> VmSpec:
     image = ImageRef(name="debian12", os="debian12", path=Path("-"), digest="d")
-    return VmSpec(
-        name="lab-r1-c01",
-        run_id="r1",
-        cell_id="c01",
-        image=image,
-        nic=NicModel.VIRTIO,
-        vcpus=vcpus,
-        memory_mib=memory,
-        isolation=Isolation.ZONE,
-    )
+    return dataclasses.replace(spec(image), vcpus=vcpus, memory_mib=memory, isolation=Isolation.ZONE)
 
 
 def test_zone_image_caps_and_host_key_checks():
-    from lab.backends.smartos import zones
-    from lab.errors import SettingError, VerificationError
 
     lx = {
         "uuid": ZONE_IMAGE,
@@ -254,11 +236,6 @@ def test_zone_image_caps_and_host_key_checks():
 def test_a_zone_cell_through_clone_on_the_emulator(smartos):
     """The backend's clone of a zone spec: the zone image looked up and checked, an lx zone with its
     kernel version and caps, read back; a zone image that is not installed names its key."""
-    import dataclasses
-
-    from lab.backends.smartos import SmartosBackend
-    from lab.errors import SettingError
-
     env = dataclasses.replace(smartos.env(), ssh_key=smartos.sshd.client_key)
     b = SmartosBackend("sm", smartos.settings(zone_images={"debian12": ZONE_IMAGE}), env)
     with pytest.raises(SettingError, match="no such image installed") as err:

@@ -369,24 +369,25 @@ class Backend(abc.ABC):
 
 def check_spec(caps: Capabilities, spec: VmSpec, where: str) -> None:
     """Pure: a spec against a host's capabilities. SettingError names the matrix axis and value."""
-    if spec.isolation in MADE_BY_HOST:
-        if spec.isolation not in caps.machine_isolation:
-            raise SettingError(
-                "isolation",
-                spec.isolation.value,
-                f"not made by {where}: "
-                + caps.missing.get(spec.isolation.value, f"only a SmartOS host makes {spec.isolation.value}s"),
-                hint="exclude it for this host in [matrix] exclude",
-            )
-        machine: tuple[
-            tuple[str, Any, frozenset], ...
-        ] = ()  # a zone has no NIC model, disk bus, clone kind or snapshot (lab.axes.NOT_IN)
-    else:
-        machine = (
+    made_by_host = spec.isolation in MADE_BY_HOST
+    if made_by_host and spec.isolation not in caps.machine_isolation:
+        raise SettingError(
+            "isolation",
+            spec.isolation.value,
+            f"not made by {where}: "
+            + caps.missing.get(spec.isolation.value, f"only a SmartOS host makes {spec.isolation.value}s"),
+            hint="exclude it for this host in [matrix] exclude",
+        )
+    # a zone has no NIC model, disk bus or clone kind (lab.axes.NOT_IN): its spec's defaults are moot
+    machine = (
+        ()
+        if made_by_host
+        else (
             ("nic", spec.nic, caps.nic_models),
             ("disk_bus", spec.disk_bus, caps.disk_buses),
             ("clone", spec.clone, caps.clone_kinds),
         )
+    )
     for key, value, offered in machine:
         if value not in offered:
             raise SettingError(

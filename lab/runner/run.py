@@ -77,8 +77,7 @@ def prepare(cfg: LabConfig) -> tuple[list[plan.Unit], dict[str, ImageRef], dict[
             b.check_specs([plan.vm_spec(c, imgs[c.image], run_id="check") for c in vms])
         except SettingError as exc:
             raise check.located(cfg, host, exc) from None
-        # a zone is made from the host's zone image (check_specs), not from the golden image
-        b.check_images([imgs[name] for name in sorted({c.image for c in vms if c.isolation not in MADE_BY_HOST})])
+        b.check_images(cloned_images(cells, imgs, host))
         if clients.ssh_target(b.settings.client) is not None:
             clientssh.check(cfg.source, host, b)
     return cells, imgs, backends
@@ -89,15 +88,19 @@ def image_lines(prepared: tuple[list[plan.Unit], dict[str, ImageRef], dict[str, 
     cells, imgs, backends = prepared
     lines = []
     for host, b in backends.items():
-        lines += b.describe_images(
-            [
-                imgs[n]
-                for n in sorted(
-                    {c.image for c in cells if c.kind == "vm" and c.host == host and c.isolation not in MADE_BY_HOST}
-                )
-            ]
-        )
+        lines += b.describe_images(cloned_images(cells, imgs, host))
     return lines
+
+
+def cloned_images(cells: list[plan.Unit], imgs: dict[str, ImageRef], host: str) -> list[ImageRef]:
+    """The golden images `host` clones for its cells: a zone is made from the host's zone image
+    (its backend's check_specs), not from one of them."""
+    return [
+        imgs[n]
+        for n in sorted(
+            {c.image for c in cells if c.kind == "vm" and c.host == host and c.isolation not in MADE_BY_HOST}
+        )
+    ]
 
 
 def run_lab(

@@ -61,13 +61,21 @@ def ensure_sshd() -> str:
 
 class Sshd:
     def __init__(
-        self, workdir: Path, *, netns: str | None, address: str, socket_path: Path | None = None, port: int = 22
+        self,
+        workdir: Path,
+        *,
+        netns: str | None,
+        address: str,
+        socket_path: Path | None = None,
+        port: int = 22,
+        authorized_keys: str = "",
+        wrap: Callable[[list[str]], list[str]] | None = None,
     ):
         self.dir = Path(workdir) / "sshd"
         self.netns, self.address, self.port, self.socket_path = netns, address, port, socket_path
-        self.authorized_keys = ""  # root's keys; "" = the test's own root_key
+        self.authorized_keys = authorized_keys  # root's keys; "" = the test's own root_key
         # argv -> the argv that runs it: a zone's sshd joins the zone's cgroups before its namespace
-        self.wrap: Callable[[list[str]], list[str]] | None = None
+        self.wrap = wrap
         self.client_key = self.dir / "root_key"
         self.known_hosts = self.dir / "known_hosts"
         self.process: subprocess.Popen | None = None

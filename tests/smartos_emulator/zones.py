@@ -94,14 +94,15 @@ class ZoneBacking:
             self._next += 1
             self.leases[nic["mac"]] = address
         name = f"labz{vm.uuid.replace('-', '')[:8]}"
-        zone = Zone(
-            vm.uuid,
-            name,
-            address,
-            nic["mac"],
-            zonepath / "root",
-            Sshd(self.workdir / name, netns=name, address=address),
+        cgroups: list[Path] = []  # filled below, before anything runs in the zone
+        sshd = Sshd(
+            self.workdir / name,
+            netns=name,
+            address=address,
+            authorized_keys=obj["customer_metadata"].get("root_authorized_keys", ""),
+            wrap=lambda argv: in_cgroups(cgroups, argv),
         )
+        zone = Zone(vm.uuid, name, address, nic["mac"], zonepath / "root", sshd, cgroups)
         try:
             host.run_all(
                 host.veth_netns_argvs(
@@ -117,8 +118,6 @@ class ZoneBacking:
                 zone.cgroups.append(path)
                 for f, value in files.items():
                     (path / f).write_text(value)
-            zone.sshd.wrap = lambda argv: in_cgroups(zone.cgroups, argv)
-            zone.sshd.authorized_keys = obj["customer_metadata"].get("root_authorized_keys", "")
             zone.sshd.start()
             keys = zone.root / "etc" / "ssh"
             keys.mkdir(parents=True, exist_ok=True)
