@@ -85,6 +85,11 @@ def test_bare_metal_cell_through_the_backend(workdir):
             )
             assert int(got) == WEB_ROOT_FILE
         assert nginx_pids(workdir)
+        made, bm = bm, None
+        backend.destroy(made.vm)
+        # its veth is gone at once, not when the kernel gets round to the deleted namespace: the
+        # next round's bare-metal cell makes vbm01 again
+        assert "vbm01" not in proc.run(["ip", "-n", client.netns, "-o", "link", "show"]).stdout
     finally:
         if bm is not None:
             backend.destroy(bm.vm)

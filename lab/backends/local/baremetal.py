@@ -142,6 +142,7 @@ def create(
         control_dir=vmdir,
     )
     veth = f"v{cell_id}"  # in the run's namespace; interface names are at most 15 characters
+    vm.handle.update({"veth": veth, "veth_netns": bridge_ns})
     try:
         host.run_all(host.veth_netns_argvs(name, bridge_ns, veth, address), what="the bare-metal cell's network")
         if cgroup is not None:

@@ -78,7 +78,8 @@ def run_all(argvs: list[list[str]], what: str) -> None:
 
 
 def remove_tap(ns: str, tap: str) -> None:
-    """Remove a tap (gone already is fine; so is its namespace being gone)."""
+    """Remove a tap or a veth pair by its end in `ns` (gone already is fine; so is its namespace
+    being gone)."""
     if not netns_exists(ns):
         return
     res = proc.run(["ip", "-n", ns, "link", "del", tap], check=False)
@@ -274,7 +275,12 @@ def remove_machine(handle: dict[str, Any], name: str) -> None:
     removals = []
     if ns and tap:
         removals.append(lambda: remove_tap(ns, tap))
-    if ns and handle.get("own_netns"):  # the bare-metal cell's namespace: its veth goes with it
+    if handle.get("veth"):
+        # the bare-metal cell's veth, from the run's namespace first: the kernel removes a deleted
+        # namespace's links asynchronously, and the next round's veth of the same name was refused
+        # ("File exists") while the old one was still going
+        removals.append(lambda: remove_tap(handle["veth_netns"], handle["veth"]))
+    if ns and handle.get("own_netns"):  # the bare-metal cell's namespace
         removals.append(lambda: remove_netns(ns))
     if handle.get("cgroup"):
         removals.append(lambda: remove_cgroup(Path(handle["cgroup"])))
