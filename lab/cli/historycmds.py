@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -135,7 +136,7 @@ def history_document(store, found: list[History], settings: changepoints.Setting
                 "image_digest": k.image_digest,
                 "workload": k.workload,
                 "metric": k.metric,
-                "params": k.params,
+                "params": json.loads(k.params),
                 "unit": h.unit,
                 "higher_is_better": h.higher_is_better,
                 "primary": h.primary,

@@ -320,10 +320,11 @@ def run_cmd(config_path, run_id, resume, quiet):
     finally:
         reporter.close()
         restore_signal_handlers(previous)
-    if quiet:  # what a nightly run should make someone look: the run's series that it made worse
-        for h in history.histories(store, settings=changepoints.Settings()):
-            if h.regression is not None and h.points[-1].run_id == rid:
-                err.print(history.regression_line(h, h.regression), soft_wrap=True)
+    if quiet:  # what a nightly run should make someone look at: the run's series that it made worse
+        for host in sorted(set(cfg.matrix.host)):
+            for h in history.histories(store, host=host, settings=changepoints.Settings()):
+                if h.regression is not None and h.points[-1].run_id == rid:
+                    err.print(history.regression_line(h, h.regression), soft_wrap=True)
     else:
         print_show(store, store.run(rid))
     failed = [c for c in store.cells(rid) if c.status == "failed"]
