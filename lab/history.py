@@ -30,6 +30,7 @@ from lab.store import CellRow, RunRow, SampleRow, Store
 # Host facts that are not the host's: how the backend's last probe went (lab.hostinfo.fingerprint
 # leaves it out too; the accelerator the cell really ran on is compared instead).
 NOT_COMPARED = ("backend_accel", "host_facts_error", "backend_facts_error")
+RUN_FACTS = ("accel", "lab version", "foreign load")  # compared too, but the run's, not the host's
 
 
 def primary(workload: str, metric: str, higher_is_better: bool | None) -> bool:
@@ -62,7 +63,11 @@ class Point:
     flagged: int
     load: results.HostLoadSummary
     fingerprint: str  # the host's, "" if the run stored none
-    context: dict[str, str]  # what is compared across a change point: host facts (dotted), accel, lab, load
+    context: dict[str, str]  # what is compared across a change point: host facts (dotted), then RUN_FACTS
+
+    @property
+    def host_facts(self) -> dict[str, str]:
+        return {k: v for k, v in self.context.items() if k not in RUN_FACTS}
 
 
 @dataclass(frozen=True)

@@ -45,6 +45,10 @@ def test_a_planted_step_is_found_at_its_run_with_size_ci_and_the_fact_that_chang
     assert cp["facts_changed"] == [{"fact": "cpu_quota", "before": "none", "after": "0.5 CPUs"}]
     assert doc["regressions"] == [history.regression_line(*_regression(tmp_path))]
     assert set(doc["host_facts"]) == {r["fingerprint"] for r in s["runs"]}  # each fingerprint's facts once
+    assert [doc["host_facts"][r["fingerprint"]]["cpu_quota"] for r in s["runs"]] == ["none"] * 3 + ["0.5 CPUs"] * 3
+    assert "foreign load" not in doc["host_facts"][s["runs"][0]["fingerprint"]]  # the run's, below
+    assert (s["runs"][0]["accel"], s["runs"][0]["lab_version"]) == ("tcg", "0.1.0")
+    assert s["runs"][0]["foreign_load"] == "0 of 3 repetitions over 10 % of one core"
 
 
 def _regression(tmp_path):

@@ -159,6 +159,7 @@ def history_document(store, found: list[History], settings: changepoints.Setting
                             "flagged": p.load.flagged,
                         },
                         "fingerprint": p.fingerprint,
+                        **{k.replace(" ", "_"): p.context.get(k) for k in history.RUN_FACTS},
                     }
                     for p in h.points
                 ],
@@ -185,7 +186,7 @@ def history_document(store, found: list[History], settings: changepoints.Setting
         )
         for p in h.points:
             if p.fingerprint and p.fingerprint not in facts:
-                facts[p.fingerprint] = p.context
+                facts[p.fingerprint] = p.host_facts
     return {
         "results": str(store.dir.resolve()),
         "settings": {
