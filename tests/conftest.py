@@ -73,6 +73,7 @@ SECONDS = {
     "test_firmware_boot.py": 90,
     "test_libvirt_e2e.py": 50,
     "test_smartos_zones.py": 40,
+    "test_history_vm.py": 130,  # serial
 }
 SECONDS_VM = 60
 

@@ -35,6 +35,8 @@ VERSIONS = {
     "snapshot": 1,
     "images": 1,  # `lab images ls`
     "images.warm": 1,  # `lab images ls --warm`
+    "history": 1,
+    "import": 1,
 }
 
 

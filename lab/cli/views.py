@@ -13,7 +13,15 @@ from rich.text import Text
 
 from lab import analysis, axes, report, results, runner
 from lab.cli import shapes
-from lab.cli.group import cli, closing, config_option, open_store, results_dir as find_results, results_option
+from lab.cli.group import (
+    cli,
+    closing,
+    config_option,
+    open_store,
+    read_store,
+    results_dir as find_results,
+    results_option,
+)
 from lab.cli.printing import VERDICT_STYLES, clock, duration, fmt, line, out, say, styled, table
 from lab.errors import UsageError
 from lab.store import RunRow, Store
@@ -32,7 +40,7 @@ def ls_cmd(config_path, results_dir, as_json):
         else:
             say(f"no runs in {where} yet; `lab run` makes one")  # an answer, not an error
         return
-    store = closing(Store(where))
+    store = closing(Store(where, readonly=True))
     if as_json:
         shapes.emit("ls", shapes.ls_document(where, store))
         return
@@ -188,7 +196,7 @@ def _in_effect(t: dict) -> str:
 @click.option("--all", "everything", is_flag=True, help="also CPU breakdowns and zero error counters")
 def show_cmd(run_ref, config_path, results_dir, as_json, as_csv, everything):
     """The results of one run: a table per workload (median, min–max, n, guest CPU busy %)."""
-    store = open_store(config_path, results_dir)
+    store = read_store(config_path, results_dir)
     run = store.run(run_ref)
     if as_json or as_csv:
         cells = {c.cell_id: c for c in store.cells(run.id)}
@@ -264,7 +272,7 @@ def compare_cmd(run_a, run_b, sel_a, sel_b, baseline, everything, config_path, r
     its 95 % CI, Mann-Whitney p, the A/A noise floor, a verdict per metric, and the host facts
     that differ. `lab compare A B`, `lab compare RUN --a nic=virtio --b nic=e1000`,
     `lab compare RUN --a host=pve1 --b host=bsd1`, `lab compare RUN --baseline`."""
-    store = open_store(config_path, results_dir)
+    store = read_store(config_path, results_dir)
     ra = store.run(run_a)
     if baseline is not None:
         if run_b or sel_a or sel_b:
@@ -432,10 +440,11 @@ def _print_overheads(store: Store, run: RunRow, selector: dict, everything: bool
     type=click.Path(dir_okay=False),
     help="HTML file to write (default: report-<run>.html next to the results store)",
 )
-def report_cmd(run_ref, config_path, results_dir, vs_ref, output):
+@click.option("--history", "with_history", is_flag=True, help="add a trend chart per series of the run (lab history)")
+def report_cmd(run_ref, config_path, results_dir, vs_ref, output, with_history):
     """One self-contained HTML file: charts, results and comparison tables, hosts, manifest."""
-    store = open_store(config_path, results_dir)
-    say(str(report.write(store, run_ref, vs_ref, output)), soft_wrap=True)
+    store = read_store(config_path, results_dir)
+    say(str(report.write(store, run_ref, vs_ref, output, history=with_history)), soft_wrap=True)
 
 
 @cli.command("reparse")
