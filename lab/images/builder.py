@@ -42,12 +42,12 @@ def build(
         if ref is not None:
             say(f"up to date ({digest[:12]})")
             return ref
-    source = resolve_iso(r, idir, iso, iso_checksum) if isinstance(r, IsoRecipe) else None
-    if source is None and os.geteuid() != 0:
+    if r.kind == "debootstrap" and os.geteuid() != 0:
         raise LabError(
-            "building a golden image needs root (mmdebstrap --mode=root, chroot)", hint="run `sudo make images`"
+            "building a golden image needs root (mmdebstrap --mode=root, chroot)", hint=f"run `sudo {lab.BUILD_IMAGE}`"
         )
-    work = lab.PROJECT_ROOT / "build" / name
+    source = resolve_iso(r, idir, iso, iso_checksum) if isinstance(r, IsoRecipe) else None
+    work = lab.BUILD_DIR / name
     work.parent.mkdir(parents=True, exist_ok=True)
     lock = open(work.parent / f"{name}.lock", "w")
     try:

@@ -313,7 +313,7 @@ def stage_container_base(name: str, stage: Path, log: Path) -> Path:
     if not isinstance(r, Recipe):
         raise LabError(f"image {name!r} is installed from an ISO: it has no Debian base container to stage")
     dest = stage / CONTAINER_TARBALL
-    built = lab.PROJECT_ROOT / "build" / name / "stage" / CONTAINER_TARBALL
+    built = lab.BUILD_DIR / name / "stage" / CONTAINER_TARBALL
     ref = up_to_date(name)
     stage.mkdir(parents=True, exist_ok=True)
     if (
@@ -326,7 +326,7 @@ def stage_container_base(name: str, stage: Path, log: Path) -> Path:
         if os.geteuid() != 0:
             raise LabError(
                 "making the base container image needs root (mmdebstrap --mode=root)",
-                hint="run as root, or `make images` first and render again",
+                hint=f"run as root, or `{lab.BUILD_IMAGE}` first and render again",
             )
         build_container_base(r, dest, debian_mirrors(r.suite), log)
     return dest
