@@ -13,6 +13,7 @@ from lab import config, proc, statedir
 from lab.backends.libvirt import kvmdevice
 from lab.backends.local import KVM_PROBE_FILE
 from lab.errors import LabError
+from lab.images import packer
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,14 @@ def _existing(path: Path) -> Path:
     return path
 
 
+def _packer_plugins() -> Check:
+    try:
+        state = packer.plugins_state()
+    except LabError as exc:
+        return Check("packer plugins", "warn", str(exc))
+    return Check("packer plugins", "warn" if " lacks " in state else "ok", state)
+
+
 def _package_files() -> Check:
     """The templates and Packer templates a run renders and builds from, shipped with the package."""
     needed = [lab.TEMPLATES_DIR / "nginx.conf.j2", lab.PACKER_DIR / "debian12.pkr.hcl"]
@@ -68,6 +77,8 @@ def run_checks(config_path: str) -> list[Check]:
         _tool("iperf3", ["--version"], "the iperf3 workloads (client side)"),
         _tool("wrk", ["--version"], "the http/https workloads (client side)", required=False),
     ]
+    if shutil.which("packer"):
+        checks.append(_packer_plugins())
     # KVM: present is not usable; the verdict of the last real boot probe is cached by the backend.
     kvm = os.path.exists("/dev/kvm")
     state = statedir.default_dir()

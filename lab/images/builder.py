@@ -10,6 +10,7 @@ from pathlib import Path
 
 import lab
 from lab.errors import LabError, UsageError
+from lab.images import packer
 from lab.images.debian import build_debian
 from lab.images.digest import recipe_digest
 from lab.images.installer import build_iso
@@ -46,6 +47,7 @@ def build(
         raise LabError(
             "building a golden image needs root (mmdebstrap --mode=root, chroot)", hint=f"run `sudo {lab.BUILD_IMAGE}`"
         )
+    packer.ensure_plugins(say)  # a modern Packer's plugins, before anything is made
     source = resolve_iso(r, idir, iso, iso_checksum) if isinstance(r, IsoRecipe) else None
     work = lab.BUILD_DIR / name
     work.parent.mkdir(parents=True, exist_ok=True)

@@ -24,6 +24,7 @@ from typing import Any
 import lab
 from lab import proc
 from lab.errors import LabError
+from lab.images.digest import file_sha256
 from lab.images.hostkeys import MANIFEST_KEY, host_keys_from_report, read_host_keys
 from lab.images.keys import key_fingerprint
 from lab.images.manifest import artifact_paths, load, manifest_path, nginx_entry, up_to_date, write_manifest
@@ -136,6 +137,7 @@ def build_debian(r: Recipe, name: str, work: Path, idir: Path, digest: str, say:
     # fallback is DHCP); GRUB gets the base command line.
     pvars = {
         "disk_in": base,
+        "disk_checksum": f"sha256:{file_sha256(base)}",  # else Packer warns of a disk it cannot check
         "output_dir": out_dir,
         "kernel": work / "vmlinuz",
         "initrd": work / "initrd.img",
