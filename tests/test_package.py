@@ -36,8 +36,18 @@ WHEELHOUSE = lab.PROJECT_ROOT / "build" / "wheelhouse"
 PIP = [sys.executable, "-m", "pip", "--disable-pip-version-check"]
 
 
-def build_wheel(out: Path) -> Path:
-    proc.run([*PIP, "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", out, lab.PROJECT_ROOT], timeout=300)
+def build_wheel(out: Path, scratch: Path) -> Path:
+    """The wheel of the checkout's files as git sees them (tracked, or new and not ignored), built in a
+    copy: setuptools' build/lib of an earlier build in the checkout would slip stale files in."""
+    src = scratch / "src"
+    listed = proc.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=lab.PROJECT_ROOT, timeout=60).stdout
+    for rel in filter(None, listed.split("\0")):
+        origin = lab.PROJECT_ROOT / rel
+        if not origin.is_symlink() and not origin.is_file():
+            continue  # deleted in the work tree, not yet in git
+        (src / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(origin, src / rel, follow_symlinks=False)  # lab/templates, lab/packer stay links
+    proc.run([*PIP, "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", out, src], timeout=300)
     (wheel,) = out.glob("vmlab-*.whl")
     return wheel
 
@@ -58,7 +68,7 @@ def fill_wheelhouse(wheel: Path, scratch: Path) -> None:
 def test_wheel_installs_with_pipx_and_runs_from_any_directory(tmp_path):
     if images.up_to_date("debian12") is None:
         pytest.skip("the debian12 image is not built or not current: run `make images`")
-    wheel = build_wheel(tmp_path / "dist")
+    wheel = build_wheel(tmp_path / "dist", tmp_path)
     fill_wheelhouse(wheel, tmp_path)
     pipx = tmp_path / "pipx"
     # A clean environment: no PYTHONPATH or venv of this checkout; pip offline, from the wheelhouse.
