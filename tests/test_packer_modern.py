@@ -59,9 +59,13 @@ def _warnings(res: proc.Result) -> list[str]:
     return [line.strip() for line in (res.stdout + res.stderr).splitlines() if "Warning" in line]
 
 
-def test_the_modern_packer_is_the_one_on_path():
+def test_the_modern_packer_is_the_one_on_path_with_its_plugins():
     assert packer.version() == (1, 12, 0)
     assert packer.missing_plugins(packer.version()) == []
+    said: list[str] = []
+    assert packer.ensure_plugins(said.append) == (1, 12, 0)
+    assert said == []  # nothing missing: no packer init
+    assert packer.plugins_state() == "Packer 1.12.0: the plugins of plugins.pkr.hcl are installed"
 
 
 def test_packer_init_needs_no_network_once_the_plugins_are_installed():
