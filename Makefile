@@ -120,7 +120,7 @@ packer-modern: venv
 	LAB_PACKER_MODERN=$(PACKER_MODERN) $(VENV)/bin/python tests/packer_modern.py
 
 # What make test cannot run (Packer 1.12, its plugins): every template validated by it, and the
-# debian12 image built by it (about N min), into a directory of the test's own.
+# debian12 image built by it into a directory of the test's own: 4.6 min here, 264 s of it the build.
 test-packer-modern: packer-modern
 	LAB_PACKER_MODERN=$(PACKER_MODERN) $(PYTEST) -n 0 -q -rs --durations=0 -m packer_modern
 
