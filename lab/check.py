@@ -10,13 +10,13 @@ known from lab.toml, the backends' capabilities, lab.osfacts and the image recip
 
 from __future__ import annotations
 
-import re
+import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from lab import backends, images, isolation, osfacts, plan, tuning, wan
+from lab import backends, images, isolation, names, osfacts, plan, tuning, wan
 from lab.axes import AXES, BY_NAME, KNOBS
 from lab.errors import ConfigError, HostUnreachable, SettingError, UnreachableError, UsageError
 from lab.labconfig import KNOWN_IMAGES, LabConfig
@@ -81,8 +81,8 @@ def check_network_values(cfg: LabConfig) -> None:
     for i, cc in enumerate(m.cc):
         if cc == "default":
             continue
-        if not re.fullmatch(r"[a-z0-9_]+", cc):
-            raise ConfigError(src, f"matrix.cc[{i}]", cc, "is not a congestion-control name")
+        if names.CC.problem(cc):
+            raise ConfigError(src, f"matrix.cc[{i}]", cc, str(names.CC.problem(cc)))
         known = sorted({a for o in oses for a in osfacts.facts(o).cc_available})
         if cc not in known:
             raise ConfigError(
@@ -97,9 +97,12 @@ def check_network_values(cfg: LabConfig) -> None:
         except ValueError as exc:
             raise ConfigError(src, f"matrix.offloads[{i}]", spec, f'{exc} (or "default")') from None
     for name, prof in cfg.wan.items():
-        if not re.fullmatch(r"[A-Za-z0-9_.-]+", name) or name == "none":
+        if names.PROFILE.problem(name) or name == "none":
             raise ConfigError(
-                src, f"wan.{name}", "{…}", 'is not a usable profile name (letters, digits, _ . -; not "none")'
+                src,
+                f"wan.{json.dumps(name)}",
+                name,
+                f'{names.PROFILE.problem(name) or "is not a usable profile name"} (not "none")',
             )
         if prof.jitter_ms > prof.delay_ms:
             raise ConfigError(

@@ -9,6 +9,7 @@ with the lab.toml's folder as context ("base_dir"): a relative path in them is r
 
 from __future__ import annotations
 
+import json
 import os
 import tomllib
 from pathlib import Path
@@ -16,7 +17,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from lab import backends, check, secrets
+from lab import backends, check, names, secrets
 from lab.backends import HostSettings
 from lab.errors import ConfigError
 from lab.labconfig import KNOWN_IMAGES, LabConfig, LabSection, MatrixSection, SuiteSection  # noqa: F401 - the records, as lab.config names them
@@ -75,6 +76,9 @@ def records(data: dict[str, Any], source: str = "lab.toml") -> LabConfig:
 def _parse_host(name: str, table: Any, source: str) -> HostSettings:
     """One [hosts.NAME] table through its backend's Settings model."""
     known = ", ".join(backends.names())
+    why = names.HOST.problem(name)  # it names lanes, labels, files, VMs: one rule (lab.names)
+    if why:
+        raise ConfigError(source, f"hosts.{json.dumps(name)}", name, why)
     if not isinstance(table, dict):
         raise ConfigError(source, f"hosts.{name}", _shown(table), "must be a table")
     kind = table.get("backend")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from lab import redact
+
 
 class LabError(Exception):
     """An error a user can act on. `str(err)` is one line; `hint` says what to do next."""
@@ -9,9 +11,10 @@ class LabError(Exception):
     exit_code = 1
 
     def __init__(self, message: str, hint: str | None = None):
+        message = redact.passwords(message)  # a URL's password never reaches a line, a log or the store
         super().__init__(message)
         self.message = message
-        self.hint = hint
+        self.hint = redact.passwords(hint) if hint else hint
 
     def __str__(self) -> str:
         return self.message

@@ -100,8 +100,10 @@ def collect(
     # every host's VMs before any host's disks, ..., run locks last
     for host, backend, item in sorted(found, key=lambda f: (ORDER.get(f[2].kind, 9), f[0], f[2].name)):
         expired = bool(item.expires_at) and item.expires_at < now
-        # True/False when this machine knows (its run lock), None when it cannot tell
-        state = backend.run_is_live(item.run_id) if item.run_id else False
+        # True/False when this machine knows (its run lock), None when it cannot tell. An item whose
+        # run cannot be told from its name (a run id lab.names no longer allows) is no dead run's:
+        # only --force or its lease's expiry removes it.
+        state = backend.run_is_live(item.run_id) if item.run_id else None
         if state is None and item.run_id in ours:
             state = bool(runlock.held(run_lock_path(cfg.results_dir, item.run_id)))
         if state is not None:
@@ -109,7 +111,11 @@ def collect(
             why = f"run {item.run_id} is live"
         else:
             keep = not expired and not force
-            why = "lease not expired; another machine's run may own it (--force removes it)"
+            why = (
+                "lease not expired; another machine's run may own it (--force removes it)"
+                if item.run_id
+                else "its run cannot be told from its name (--force removes it)"
+            )
         if item.kind == "lock" and item.run_id in unfinished:
             # the lock is what tells the next gc this run is dead: it goes with the run's last item
             keep, why = True, f"run {item.run_id} still has items here"

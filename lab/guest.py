@@ -2,6 +2,8 @@
 
 OpenSSH (not a Python SSH library) because ControlMaster makes each command cost ~0.1 s instead
 of a 1.5 s handshake under TCG, and ProxyJump/ssh_config work exactly as they do for the user.
+Every command goes through lab.proc.run, so what a guest prints is bounded as a tool's output is
+(its first and last halves of lab.proc.OUTPUT_LIMIT per stream).
 """
 
 from __future__ import annotations

@@ -55,6 +55,11 @@ class LabSection(Strict):
         """The umask that makes new results files and directories with results_mode."""
         return 0o777 & ~int(self.results_mode, 8)
 
+    @property
+    def file_mode(self) -> int:
+        """The mode of a results file (the store, a report): results_mode without x (0600, 0640)."""
+        return int(self.results_mode, 8) & 0o666
+
 
 def _non_empty_unique(cls, v: list) -> list:
     if not v:

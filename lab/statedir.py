@@ -31,6 +31,39 @@ ROOT_STATE_DIR = Path("/var/lib/lab")
 NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
 
 
+# Where the state directory of a user with no home would be (HOME unset, no passwd entry): no
+# directory, but a name that check and ensure refuse with a line saying why, so that the lab
+# imports and its commands that need no state (plan, show, report) still work.
+NO_HOME = Path("/nonexistent/lab-state")
+
+
+def home() -> Path | None:
+    """This user's home: $HOME, else its passwd entry's; None when it has neither."""
+    if os.environ.get("HOME"):
+        return Path(os.environ["HOME"])
+    try:
+        return Path(pwd.getpwuid(os.geteuid()).pw_dir)
+    except KeyError:
+        return None
+
+
+def no_home() -> str:
+    return f"HOME is not set and uid {os.geteuid()} has no passwd entry"
+
+
+def expand_user(path: str) -> Path:
+    """`path` with a leading ~ expanded; ValueError (a setting's validators make it one line) when
+    there is no home to expand it to."""
+    if not path.startswith("~"):
+        return Path(path)
+    if path != "~" and not path.startswith("~/"):
+        return Path(path).expanduser()  # ~user: the passwd entry of that user
+    where = home()
+    if where is None:
+        raise ValueError(f"cannot expand ~: {no_home()}")
+    return where / path[2:] if len(path) > 2 else where
+
+
 def default_dir() -> Path:
     """This machine's state directory for the running user (read each time: tests set the variable)."""
     given = os.environ.get(STATE_ENV)
@@ -38,8 +71,10 @@ def default_dir() -> Path:
         return Path(given)
     if os.geteuid() == 0:
         return ROOT_STATE_DIR
-    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return Path(base) / "lab"
+    if os.environ.get("XDG_STATE_HOME"):
+        return Path(os.environ["XDG_STATE_HOME"]) / "lab"
+    where = home()
+    return where / ".local" / "state" / "lab" if where is not None else NO_HOME
 
 
 def _user(uid: int) -> str:
@@ -51,6 +86,8 @@ def _user(uid: int) -> str:
 
 def problem(path: Path) -> str | None:
     """Why an existing directory cannot hold the lab's private state (None: it can, or it does not exist)."""
+    if _homeless(path):
+        return f"cannot be found: {no_home()} (set ${STATE_ENV})"
     try:
         st = os.lstat(path)
     except FileNotFoundError:
@@ -66,6 +103,12 @@ def problem(path: Path) -> str | None:
     if st.st_mode & 0o022:
         who = "group and others" if st.st_mode & 0o002 else "its group"
         return f"is writable by {who} (mode {st.st_mode & 0o777:04o})"
+    return _open_parent(path)
+
+
+def _open_parent(path: Path) -> str | None:
+    """Why `path`'s folder makes it unsafe: anyone may write to it without the sticky bit (they
+    could rename `path` away and put their own in its place)."""
     try:
         parent = os.stat(path.parent)
     except OSError:
@@ -82,16 +125,25 @@ def _refuse(path: Path, what: str, why: str) -> UsageError:
     )
 
 
+def _homeless(path: Path) -> bool:
+    return path == NO_HOME or NO_HOME in path.parents
+
+
 def check(path: Path, what: str = "state directory") -> None:
     """Can `path` hold private state? Creates nothing (checks come before anything is made): an
     existing directory must pass `problem`; a missing one needs an existing ancestor that is a
     directory this user can write to."""
     path = Path(path)
+    if _homeless(path):
+        raise UsageError(f"{what} {path} {problem(path)}")
     why = problem(path)
     if why:
         raise _refuse(path, what, why)
     if path.exists():
         return
+    why = _open_parent(path)  # ensure would make it, then refuse it for this: refused now instead
+    if why:
+        raise _refuse(path, what, why)
     ancestor = path.parent
     while not ancestor.exists() and ancestor != ancestor.parent:
         ancestor = ancestor.parent
@@ -106,6 +158,8 @@ def ensure(path: Path, what: str = "state directory") -> Path:
     """`path` as a private directory: made with mode 0700 (its missing parents with 0755) if it does
     not exist, refused (UsageError) if it exists and is not this user's alone."""
     path = Path(path)
+    if _homeless(path):
+        raise UsageError(f"{what} {path} {problem(path)}")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.mkdir(mode=0o700)

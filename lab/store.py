@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lab import storeschema
+from lab import redact, storeschema
 from lab.errors import LabError, TimeoutError_, UsageError
 from lab.model import RawOutput, Sample
 from lab.storeschema import MIGRATIONS
@@ -113,7 +113,7 @@ class StageTimeRow:
 
 
 def _j(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, default=str)
+    return redact.passwords(json.dumps(value, sort_keys=True, default=str))  # no URL's password is kept
 
 
 class StoreError(LabError):
@@ -333,6 +333,15 @@ class Store:
                 " finished_at = NULL, facts = '{}' WHERE run_id = ? AND cell_id = ?",
                 (run_id, cell_id),
             )
+
+    def discard_run(self, run_id: str) -> None:
+        """Forget a run refused before any of its cells started (a host's checks as it opened said
+        no): exit 2 records nothing. Its rows go whole, in one transaction."""
+        with self.db:
+            self.db.execute("BEGIN")
+            for table in ("samples", "raw_outputs", "executions", "stage_times", "leases", "run_hosts", "cells"):
+                self.db.execute(f"DELETE FROM {table} WHERE run_id = ?", (run_id,))  # noqa: S608 - our names
+            self.db.execute("DELETE FROM runs WHERE id = ?", (run_id,))
 
     def update_manifest(self, run_id: str, manifest: dict[str, Any]) -> None:
         self.db.execute("UPDATE runs SET manifest = ? WHERE id = ?", (_j(manifest), run_id))

@@ -11,6 +11,8 @@ the moment; the local backend boots the golden image under QEMU):
   ssh-cut (long)              the guest's tap set down inside the run's own namespace mid-workload
   sshd-killed (long)          every sshd in the guest killed mid-workload
   results-disk-full           results directory on a small tmpfs, filled up mid-workload
+  report-disk-full            (issue 35) `lab report` of a stored run onto a results tmpfs that fills up while
+                              the report is written: one line naming the file, exit 1, no partial file
   pve-task-fails              the PVE emulator fails the clone's qmstart task
   pve-template-locked         the emulator holds a `backup` lock on the template past the clone timeout
   pve-lock-on-teardown        the clone is locked while the lab tears it down (teardown fails)
@@ -89,6 +91,8 @@ from chaos_scenario import (  # noqa: E402
 )
 
 from lab import IMAGES_DIR, proc, statedir  # noqa: E402
+from lab.model import Sample  # noqa: E402
+from lab.store import Store  # noqa: E402
 
 # short (in `make test`): one boot per VM fault, a 1 s workload, the quicker PVE faults and the
 # foreign resources; long adds the slower SSH faults, a kill followed by a resume, the template lock
@@ -107,11 +111,14 @@ PVE_LONG = [
     "pve-token-without-sdn-use",
 ]
 VM_FAULTS = ["kill-orchestrator-boot", "kill-orchestrator-workload", "guest-killed", "results-disk-full"]
+# no VM: a stored run's report, written onto a disk that is full before it ends (a second or two)
+STORE_FAULTS = ["report-disk-full"]
 # guest-killed is long only: make test's tests/test_compare_real.py kills a guest mid-measurement in
 # a real interleaved run and checks the same (that cell failed, the others went on, its samples
 # kept, nothing left), so the short suite does not pay a boot for it again
 SHORT = [
     *(f for f in VM_FAULTS if f != "guest-killed"),
+    *STORE_FAULTS,
     "pve-task-fails",
     "pve-lock-on-teardown",
     *PVE_SHORT,
@@ -124,6 +131,7 @@ CONFIGS = {
     "long": Config(
         "long",
         VM_FAULTS
+        + STORE_FAULTS
         + ["ssh-cut", "sshd-killed", "kill-then-resume", "kill-with-client-vm"]
         + ["pve-task-fails", "pve-template-locked", "pve-lock-on-teardown"]
         + PVE_SHORT
@@ -238,21 +246,23 @@ def sshd_killed(sc: Scenario, row: Row) -> None:
     mid_workload(sc, row, inject, reps=sc.cfg.reps + 3)
 
 
+def fill(filler: Path) -> Path:
+    """Write `filler` until its disk is full (ENOSPC)."""
+    with open(filler, "wb") as fh:
+        try:
+            while True:
+                fh.write(b"\0" * 65536)
+                fh.flush()
+        except OSError:
+            pass
+    return filler
+
+
 def disk_full(sc: Scenario, row: Row) -> None:
     sc.results.mkdir()
     proc.run(["mount", "-t", "tmpfs", "-o", "size=8m", "chaos", str(sc.results)])
     try:
-
-        def inject(rid):
-            with open(sc.results / "filler", "wb") as fh:  # until ENOSPC
-                try:
-                    while True:
-                        fh.write(b"\0" * 65536)
-                        fh.flush()
-                except OSError:
-                    pass
-
-        mid_workload(sc, row, inject, reps=sc.cfg.reps + 3)
+        mid_workload(sc, row, lambda rid: fill(sc.results / "filler"), reps=sc.cfg.reps + 3)
         if "disk is full" not in row.message:
             row.clear = False
             row.notes.append("the error does not say the disk is full")
@@ -261,6 +271,48 @@ def disk_full(sc: Scenario, row: Row) -> None:
         row.integrity = integrity(sc.results)
         st = killed_run_reads_failed(sc.results, run_id_of(sc.results) or "-")
         row.notes.append(f"after freeing space, gc exit {res.returncode}; run reads {st[1][:60]!r}")
+    finally:
+        subprocess.run(["umount", "-l", str(sc.results)], check=False)
+
+
+def report_disk_full(sc: Scenario, row: Row) -> None:
+    """A stored run whose report is larger than what is left on the results disk (its lab.toml text
+    is in the report: 1 MiB of it), 256 KiB left: the report's file fails midway with ENOSPC. The
+    line must name the file, no partial file may stay, the store must be whole, and once space is
+    freed the same command writes the report."""
+    sc.results.mkdir()
+    proc.run(["mount", "-t", "tmpfs", "-o", "size=8m", "chaos", str(sc.results)])
+    try:
+        store = Store(sc.results)
+        store.create_run(
+            "full", "chaos", config_path="", config_text="# " + "x" * (1 << 20) + "\n", seed=1, lab_version="0",
+            manifest={},
+        )  # fmt: skip
+        store.add_cell("full", "c01", 1, "local/debian12/virtio", {"nic": "virtio"})
+        store.add_samples("full", "c01", None, "sysbench-cpu", 1, [Sample("events_per_s", 1234.5, "1/s", True)])
+        store.finish_run("full", "done")
+        store.close()
+        before = samples(sc.results)
+        sc.write()
+        filler = fill(sc.results / "filler")
+        os.truncate(filler, max(0, filler.stat().st_size - 256 * 1024))  # 256 KiB back: less than the report
+        row.injected = True
+        res = sc.lab("report", "full")
+        row.exit_status = res.returncode
+        target = sc.results / "report-full.html"
+        lines = res.stderr.strip().splitlines()
+        expected = f"lab: error: {target}: cannot be written: No space left on device; nothing was written there"
+        row.clear = res.returncode == 1 and lines == [expected] and "Traceback" not in res.stderr
+        row.message = lines[-1].removeprefix("lab: error: ") if lines else f"exit {res.returncode}, no output"
+        store_files = ("lab.db", "lab.db-wal", "lab.db-shm", "filler")  # SQLite's own, and the fault's
+        row.leaked = [f"file {p.name}" for p in sc.results.iterdir() if p.name not in store_files]
+        row.integrity = integrity(sc.results)
+        row.lost = len(before - samples(sc.results))
+        filler.unlink()  # the user frees space: the same command now writes the report
+        again = sc.lab("report", "full")
+        if again.returncode != 0 or not target.is_file():
+            row.clear = False
+            row.notes.append(f"after freeing space, lab report exit {again.returncode}: {again.stderr.strip()[-120:]}")
     finally:
         subprocess.run(["umount", "-l", str(sc.results)], check=False)
 
@@ -337,6 +389,7 @@ FAULTS = {
     "ssh-cut": ssh_cut,
     "sshd-killed": sshd_killed,
     "results-disk-full": disk_full,
+    "report-disk-full": report_disk_full,
     "pve-task-fails": pve_task_fails,
     "pve-template-locked": pve_template_locked,
     "pve-lock-on-teardown": pve_lock_on_teardown,

@@ -59,6 +59,11 @@ CASES = [
     ("run-id-path", ["run", "--run-id", "../x"], "--run-id '../x'", "local"),
     ("run-id-upper", ["run", "--run-id", "ABC"], "--run-id 'ABC'", "local"),
     ("run-id-taken", ["run", "--run-id", "r1"], "already has a run of that id", "local"),
+    # issue 35: a "-" made another run's sweep take this run's machines for its own
+    ("run-id-dash", ["run", "--run-id", "nightly-1"], "--run-id 'nightly-1': is not a usable run id", "local"),
+    ("report-over-a-symlink", ["report", "r1", "-o", "planted.html"], "is a symbolic link", "local-planted-link"),
+    ("report-over-a-fifo", ["report", "r1", "-o", "planted.html"], "is a FIFO", "local-planted-fifo"),
+    ("plan-check-unreachable-smartos-makes-no-state", ["plan", "--check"], "port {port}", "smartos-closed"),
     ("run-id-and-resume", ["run", "--run-id", "abc", "--resume", "r1"], "exclude each other", "local"),
     ("run-missing-config", ["run", "-c", "missing.toml"], "missing.toml: (file)", "local"),
     ("run-config-is-dir", ["run", "-c", "."], "is a directory", "local"),
@@ -150,6 +155,20 @@ def _write(tmp_path: Path, workdir: Path, variant: str, port: int) -> dict:
             os.chown(real, 65534, 65534)
             env["LAB_STATE_DIR"] = str(real)
         variant = "local"
+    if variant.startswith("local-planted-"):  # what `-o` names: never replaced (lab.outfiles)
+        if variant.endswith("link"):
+            (tmp_path / "planted.html").symlink_to(tmp_path / "lab.db-victim")
+        else:
+            os.mkfifo(tmp_path / "planted.html")
+        variant = "local"
+    if variant == "smartos-closed":  # its ssh sockets' directory used to be made in the state directory
+        env["LAB_STATE_DIR"] = str(tmp_path / "state")
+        text = (
+            f'[lab]\nresults = "results"\n[hosts.gz]\nbackend = "smartos"\nssh = "root@127.0.0.1"\n'
+            f'ssh_port = {port}\nclient_address = "10.0.0.5"\n[matrix]\nhost = ["gz"]\n'
+        )
+        (tmp_path / "lab.toml").write_text(text)
+        return env
     if variant == "local-open-workdir":
         workdir.chmod(0o775)
         variant = "local"

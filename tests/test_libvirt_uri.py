@@ -19,7 +19,6 @@ from lab.errors import ConfigError, SettingError
         "qemu+tls://kvm1/system",
         "qemu://kvm1/system",
         "bhyve+tcp://bsd1/system",
-        "qemu+ext://kvm1/system?command=/bin/x",
     ],
 )
 def test_remote_uri_over_another_transport_needs_ssh(uri):

@@ -95,3 +95,31 @@ def test_an_interrupt_while_a_child_starts_stops_that_child(monkeypatch, start):
         restore_signal_handlers(previous)
     assert len(started) == 1
     assert started[0].poll() is not None, "the child whose start was interrupted is still running"
+
+
+def test_a_command_that_prints_without_end_keeps_its_head_and_tail_only():
+    """Issue 35: output is bounded (lab.proc.OUTPUT_LIMIT of each stream), not read whole into
+    memory and the store; what is cut is said in the output itself."""
+    limit = proc.OUTPUT_LIMIT
+    script = f"printf START; head -c {3 * limit} /dev/zero | tr '\\0' x; printf END; printf E1 >&2"
+    res = proc.run(["sh", "-c", script], timeout=120)
+    assert len(res.stdout.encode()) < limit + 200
+    assert res.stdout.startswith("STARTxxx") and res.stdout.endswith("xxxEND")
+    cut = 3 * limit + len("STARTEND") - limit
+    assert f"[lab: {cut} bytes of output cut here: at most {limit // 2**20} MiB are kept" in res.stdout
+    assert res.stderr == "E1"
+    small = proc.run(["sh", "-c", "printf 'a\\r\\nb\\rc'; printf é >&2"], timeout=10)
+    assert (small.stdout, small.stderr) == ("a\nb\nc", "é")  # as text mode read it before
+    fed = proc.run(["wc", "-c"], input="y" * 5_000_000, timeout=30)  # input larger than a pipe, fed as read
+    assert fed.stdout.strip() == "5000000"
+    assert proc.run(["head", "-c", "3"], input=b"z" * 1_000_000, text=False, timeout=30).stdout == b"zzz"
+
+
+def test_a_log_file_is_read_as_a_commands_output_is(tmp_path):
+    log = tmp_path / "server.log"
+    log.write_bytes(b"ready\n" + b"." * (2 * proc.OUTPUT_LIMIT) + b"\nlast line\n")
+    text = proc.read_bounded(log)
+    assert text.startswith("ready\n") and text.endswith("\nlast line\n") and "bytes of output cut here" in text
+    assert len(text) < proc.OUTPUT_LIMIT + 200
+    log.write_text("short\r\n")
+    assert proc.read_bounded(log) == "short\n"

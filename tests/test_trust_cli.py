@@ -216,13 +216,14 @@ def test_lab_run_warns_before_it_starts(fake_lab, monkeypatch):
 
 
 def test_a_report_that_cannot_be_written_is_one_line_naming_the_file(tmp_path):
+    """A path that cannot be a file (its folder is a file) is bad input: said before anything is made."""
     _store_with_runs(tmp_path / "results")
     (tmp_path / "lab.toml").write_text('[lab]\nresults = "results"\n')
     (tmp_path / "a-file").write_text("")
     res = lab_cli("report", "r1", "-o", str(tmp_path / "a-file" / "report.html"), cwd=tmp_path)
-    assert res.returncode == 1
+    assert res.returncode == 2
     (line,) = res.stderr.strip().splitlines()
-    assert line.startswith(f"lab: error: {tmp_path / 'a-file'}: ") and "; details in " in line
+    assert line.startswith(f"lab: error: {tmp_path / 'a-file' / 'report.html'} cannot be made: ")
 
 
 def test_a_terminal_that_cannot_print_the_tables_gets_replacements_not_an_error(tmp_path):

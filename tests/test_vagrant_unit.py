@@ -485,7 +485,8 @@ def test_reproduce_writes_the_cells_machine(stored, tmp_path):
         assert line in tune, line
     assert proc.run(["sh", "-n", str(out / "tune.sh")], check=False).ok
     work = (out / "workloads.sh").read_text()
-    assert "sysbench cpu --threads=1 run\nsysbench cpu --threads=2 run\n" in work  # repetition 1, not the warm-up
+    # repetition 1, not the warm-up; each stored command one quoted argument (the store is not trusted)
+    assert "sh -c 'sysbench cpu --threads=1 run'\nsh -c 'sysbench cpu --threads=2 run'\n" in work
     assert "--time=1" not in work
     assert "# lab side: wrk -t 1 -c 10 -d 5s http://10.77.0.10/" in work
     assert proc.run(["sh", "-n", str(out / "workloads.sh")], check=False).ok

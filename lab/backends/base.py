@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-from lab import clients, images
+from lab import clients, images, statedir
 from lab.errors import SettingError, UsageError
 from lab.hostload import LoadWindow, UnknownWindow
 from lab.model import MADE_BY_HOST, Client, CloneKind, DiskBus, ImageRef, Isolation, NicModel, Owned, Vm, VmSpec
@@ -78,7 +78,12 @@ class HostSettings(BaseModel):
     def _client_file(cls, v: str, info: ValidationInfo) -> str:
         if not v:
             return v
-        path = Path(v).expanduser()
+        try:
+            path = statedir.expand_user(v)
+        except ValueError:  # no home to expand ~ to: an error only where the key is used
+            if clients.ssh_target(info.data.get("client", "")) is None:
+                return v
+            raise
         if not path.is_absolute():  # relative to lab.toml's folder (lab.config passes it)
             path = Path((info.context or {}).get("base_dir") or Path.cwd()) / path
         if info.field_name == "client_identity" and not path.is_file():

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import re
 import signal
 import sys
 import tempfile
@@ -16,14 +15,12 @@ from pathlib import Path
 
 import click
 
-from lab import __version__, config, proc
+from lab import __version__, config, proc, redact
 from lab.cli.printing import err, line
 from lab.errors import LabError, UsageError
 from lab.labconfig import LabConfig
 from lab.lifecycle import Interrupted
 from lab.store import Store
-
-RUN_ID = re.compile(r"[a-z0-9][a-z0-9-]{0,15}")
 
 config_option = click.option(
     "-c",
@@ -98,7 +95,7 @@ class WarningLines(logging.Handler):
     """The library's warnings (its `lab.*` loggers, level WARNING and up) as one stderr line each."""
 
     def emit(self, record: logging.LogRecord) -> None:
-        first = (record.getMessage().strip().splitlines() or [""])[0]
+        first = (redact.passwords(record.getMessage()).strip().splitlines() or [""])[0]
         err.print(line("lab: warning: ", first))
 
 
@@ -114,9 +111,10 @@ def unexpected(exc: Exception, what: str | None = None) -> int:
     line) and where its traceback went."""
     if what is None:
         what = f"{type(exc).__name__}: {str(exc).splitlines()[0]}" if str(exc).strip() else type(exc).__name__
+    what = redact.passwords(what)
     try:
         with tempfile.NamedTemporaryFile("w", prefix="lab-error-", suffix=".log", delete=False) as log:
-            log.write("".join(traceback.format_exception(exc)))
+            log.write(redact.passwords("".join(traceback.format_exception(exc))))
         details = f"details in {log.name}"
     except OSError as log_exc:
         details = f"no log could be written ({log_exc.strerror})"

@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from lab import PACKER_DIR, backends, images
+from lab import PACKER_DIR, backends, images, outfiles
 from lab.cli import shapes
 from lab.cli.group import (
     cli,
@@ -143,7 +143,7 @@ def _warm_ls(config_path: str, as_json: bool) -> None:
 def images_render(name, directory):
     """Write NAME's answer files (DIRECTORY/http) and upload stage (DIRECTORY/stage), e.g. for a
     hand-run `packer build -only=proxmox-iso.NAME`."""
-    where = Path(directory)
+    where = outfiles.check_dir(directory)  # not a link, not a file (lab.outfiles writes each file in it)
     r = images.recipe(name)
     key = images.ensure_key()
     images.render_answers(name, where / "http", key.with_suffix(".pub").read_text().strip())
@@ -195,16 +195,22 @@ def images_publish(name, host, config_path):
     type=click.Path(file_okay=False),
     help="directory to write (default ./reproduce-RUN-CELL)",
 )
+@click.option("--force", is_flag=True, help="replace a Vagrantfile, tune.sh or workloads.sh already in it")
 @config_option
 @results_option
-def reproduce_cmd(run_ref, cell_id, out_dir, config_path, results_dir):
+def reproduce_cmd(run_ref, cell_id, out_dir, force, config_path, results_dir):
     """Write a stored cell's machine as a Vagrantfile (same box version, NIC model, vCPUs, memory, disk
     bus; its tuning as tune.sh, its workload commands as workloads.sh) to `vagrant up` by hand."""
     from lab import reproduce  # Vagrant's templates load only for this command
 
     store = read_store(config_path, results_dir)
     made = reproduce.reproduce(
-        store, run_ref, cell_id, Path(out_dir) if out_dir else None, ssh_key=backends.default_env(config_path).ssh_key
+        store,
+        run_ref,
+        cell_id,
+        Path(out_dir) if out_dir else None,
+        ssh_key=backends.default_env(config_path).ssh_key,
+        force=force,
     )
     say(f"wrote {made.vagrantfile}", soft_wrap=True)
     say(

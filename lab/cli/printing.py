@@ -4,24 +4,49 @@ Lab names, host names, labels, errors, paths and tool output come from users and
 in any of them must print as itself (rich would read it as a closing tag and crash), and so must
 a `:ab:` (rich would print an emoji). So both consoles have markup and emoji codes off, and colour
 is only ever added with `styled()`, which wraps a known string in a style without reading it.
+
+Nor may their control sequences reach the terminal (a guest's ESC [ 2 J, an OSC that sets the
+window title), nor a URL's password: both consoles are TextConsoles, which pass every piece of
+text they render through lab.plaintext.printable and lab.redact.passwords, whatever printed it (a
+line, a table cell, the progress display).
 """
 
 from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from typing import Any
 
-from rich.console import Console, JustifyMethod
+from rich.console import Console, ConsoleOptions, JustifyMethod, RenderableType
+from rich.segment import Segment
 from rich.table import Table
 from rich.text import Text
 
+from lab import plaintext, redact
 from lab.results import fmt  # noqa: F401 - the one number format, for the commands
+
+
+class TextConsole(Console):
+    """A Console whose rendered text never carries control characters nor a URL's password (its own
+    styles and cursor moves are separate segments, untouched)."""
+
+    def render_str(self, text: str, **kwargs: Any) -> Text:
+        # before rich drops a BEL on its own, so that an OSC sequence it ends goes whole
+        return super().render_str(plaintext.printable(text), **kwargs)
+
+    def render(self, renderable: RenderableType, options: ConsoleOptions | None = None) -> Iterator[Segment]:
+        for seg in super().render(renderable, options):
+            if seg.control is None and (plaintext.has_controls(seg.text) or "://" in seg.text):
+                yield Segment(redact.passwords(plaintext.printable(seg.text)), seg.style)
+            else:
+                yield seg
+
 
 # Tables are wide; a pipe or CI log gets a fixed width rather than 80 columns of wrapping. No emoji
 # codes either: ":ab:" in a fingerprint or a path is text, not 🆎.
-out = Console(highlight=False, markup=False, emoji=False, width=None if sys.stdout.isatty() else 160)
-err = Console(stderr=True, highlight=False, markup=False, emoji=False, soft_wrap=True)  # one line, never wrapped
+out = TextConsole(highlight=False, markup=False, emoji=False, width=None if sys.stdout.isatty() else 160)
+err = TextConsole(stderr=True, highlight=False, markup=False, emoji=False, soft_wrap=True)  # one line, never wrapped
 
 VERDICT_STYLES = {"better": "green", "worse": "red"}
 STATUS_STYLES = {"done": "green", "n/a": "yellow", "duplicate": "yellow"}
@@ -29,12 +54,12 @@ STATUS_STYLES = {"done": "green", "n/a": "yellow", "duplicate": "yellow"}
 
 def styled(text: object, style: str = "") -> Text:
     """`text` as itself, in `style` ("" for none)."""
-    return Text(str(text), style=style)
+    return Text(plaintext.printable(text), style=style)
 
 
 def line(*parts: object) -> Text:
     """One line from plain pieces and styled() pieces; plain pieces are text, never markup."""
-    return Text.assemble(*(p if isinstance(p, Text) else str(p) for p in parts))
+    return Text.assemble(*(p if isinstance(p, Text) else plaintext.printable(p) for p in parts))
 
 
 def say(*parts: object, soft_wrap: bool = False) -> None:

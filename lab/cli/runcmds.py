@@ -19,6 +19,7 @@ from lab import (
     gc,
     history,
     hostinfo,
+    names,
     plan,
     runner,
     schedule,
@@ -26,7 +27,6 @@ from lab import (
 )
 from lab.cli import shapes
 from lab.cli.group import (
-    RUN_ID,
     cli,
     closing,
     config_option,
@@ -293,9 +293,8 @@ def run_cmd(config_path, run_id, resume, quiet):
     """Clone -> boot -> verify -> tune -> workloads -> destroy, cell by cell. Results are saved."""
     cfg = config.load(config_path)
     text = Path(config_path).read_text()
-    if run_id is not None and not RUN_ID.fullmatch(run_id):
-        # it names namespaces, VMs, lock files: letters, digits and '-' only, short
-        raise UsageError(f"--run-id {run_id!r}: use 1-16 lower-case letters, digits or '-' (not first)")
+    if run_id is not None and names.RUN_ID.problem(run_id):  # it names namespaces, VMs, lock files
+        raise UsageError(f"--run-id {run_id!r}: {names.RUN_ID.problem(run_id)}")
     if run_id is not None and resume:
         raise UsageError("--run-id and --resume exclude each other: a resumed run keeps its id")
     stored = cfg.results_dir / Store.FILENAME
@@ -307,7 +306,12 @@ def run_cmd(config_path, run_id, resume, quiet):
     if resume:  # what is wrong with the arguments comes before what the hosts say
         if not stored.exists():
             raise UsageError(f"cannot resume {resume!r}: no runs in {cfg.results_dir}")
-        closing(Store(cfg.results_dir)).run(resume)  # known, and not ambiguous
+        resumed = closing(Store(cfg.results_dir)).run(resume).id  # known, and not ambiguous
+        if names.RUN_ID.problem(resumed):  # a run of an older lab: its VMs' names would be ambiguous
+            raise UsageError(
+                f"cannot resume run {resumed!r}: its id {names.RUN_ID.problem(resumed)}, and the names of its "
+                "machines would be taken for another run's; start a new run"
+            )
     prepared = runner.prepare(cfg)  # every check that can fail before anything is created
     for line in [] if quiet else runner.image_lines(prepared):
         err.print(line, soft_wrap=True)

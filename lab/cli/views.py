@@ -11,12 +11,13 @@ import time
 import click
 from rich.text import Text
 
-from lab import analysis, axes, report, results, runner
+from lab import analysis, axes, plaintext, report, results, runner
 from lab.cli import shapes
 from lab.cli.group import (
     cli,
     closing,
     config_option,
+    load_or_default,
     open_store,
     read_store,
     results_dir as find_results,
@@ -223,7 +224,7 @@ def show_cmd(run_ref, config_path, results_dir, as_json, as_csv, everything):
             w.writeheader()
             for r in rows:
                 w.writerow({**r, "labels": json.dumps(r["labels"], sort_keys=True)})
-            click.echo(buf.getvalue(), nl=False)
+            click.echo(plaintext.printable(buf.getvalue()), nl=False)  # a label's ESC is no terminal's
         return
     print_show(store, run, everything)
 
@@ -443,8 +444,9 @@ def _print_overheads(store: Store, run: RunRow, selector: dict, everything: bool
 @click.option("--history", "with_history", is_flag=True, help="add a trend chart per series of the run (lab history)")
 def report_cmd(run_ref, config_path, results_dir, vs_ref, output, with_history):
     """One self-contained HTML file: charts, results and comparison tables, hosts, manifest."""
+    mode = load_or_default(config_path).lab.file_mode  # [lab] results_mode: 0600 unless it says otherwise
     store = read_store(config_path, results_dir)
-    say(str(report.write(store, run_ref, vs_ref, output, history=with_history)), soft_wrap=True)
+    say(str(report.write(store, run_ref, vs_ref, output, history=with_history, mode=mode)), soft_wrap=True)
 
 
 @cli.command("reparse")

@@ -1,5 +1,7 @@
 """What a build uploads to the guest, rendered from templates/: nginx.conf and the static site (every
-image), the installer's answer files and the provisioning stage (ISO-installed images)."""
+image), the installer's answer files and the provisioning stage (ISO-installed images). Written
+through lab.outfiles (`lab images render NAME DIR` writes where the user said): never through a
+link planted at a file's name, never over a device or a directory."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from typing import Any
 import jinja2
 
 import lab
-from lab import osfacts
+from lab import osfacts, outfiles
 from lab.images.pictures import png
 from lab.images.recipes import READY_MARKER, IsoRecipe, Recipe, recipe
 from lab.model import NicModel
@@ -33,9 +35,9 @@ def render_stage(name: str, out: Path, templates_dir: Path | None = None) -> Non
     """Render what the provisioner uploads: out/nginx.conf and out/site/ (pages, css, images)."""
     r = recipe(name)
     tdir = Path(templates_dir or lab.TEMPLATES_DIR)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "nginx.conf").write_text(
-        _jinja(tdir).get_template("nginx.conf.j2").render(image=name, **osfacts.facts(r.os).nginx.__dict__, **r.nginx)
+    outfiles.write(
+        out / "nginx.conf",
+        _jinja(tdir).get_template("nginx.conf.j2").render(image=name, **osfacts.facts(r.os).nginx.__dict__, **r.nginx),
     )
 
     sdir = tdir / "site"
@@ -57,21 +59,16 @@ def render_stage(name: str, out: Path, templates_dir: Path | None = None) -> Non
     pages = index + rest  # the home page first, then the newest article first
     for pf in page_files:
         html = site_env.get_template(f"pages/{pf.name}").render(pages=pages, href=pf.name)
-        (site / pf.name).parent.mkdir(parents=True, exist_ok=True)
-        (site / pf.name).write_text(html)
+        outfiles.write(site / pf.name, html)
     for f in sorted(sdir.rglob("*")):
         rel = f.relative_to(sdir)
         if f.is_dir() or rel.parts[0] == "pages" or f.name in ("layout.html.j2", "images.toml"):
             continue
-        dest = site / rel
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(f, dest)
+        outfiles.write(site / rel, f.read_bytes())
     imgs = sdir / "images.toml"
     if imgs.is_file():
         for picture, (w, h, seed) in tomllib.loads(imgs.read_text()).items():
-            dest = site / picture
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            dest.write_bytes(png(int(w), int(h), int(seed)))
+            outfiles.write(site / picture, png(int(w), int(h), int(seed)))
 
 
 def answer_context(r: IsoRecipe | Recipe, pubkey: str) -> dict[str, Any]:
@@ -101,12 +98,9 @@ def render_answers(name: str, out: Path, pubkey: str, templates_dir: Path | None
     r = recipe(name)
     env = _jinja(Path(templates_dir or lab.TEMPLATES_DIR))
     ctx = answer_context(r, pubkey)
-    out.mkdir(parents=True, exist_ok=True)
     written = {}
     for template, served in r.answers:
-        dest = out / served
-        dest.write_text(env.get_template(template).render(**ctx))
-        written[served] = dest
+        written[served] = outfiles.write(out / served, env.get_template(template).render(**ctx))
     return written
 
 
@@ -123,7 +117,7 @@ def render_upload(name: str, out: Path, templates_dir: Path | None = None) -> No
     shutil.rmtree(out / "lab-site", ignore_errors=True)
     os.replace(staged / "site", out / "lab-site")
     shutil.rmtree(staged)
-    shutil.copyfile(lab.PACKER_DIR / "scripts" / "provision-common.sh", out / "lab-common.sh")
+    outfiles.write(out / "lab-common.sh", (lab.PACKER_DIR / "scripts" / "provision-common.sh").read_bytes())
     env = {
         "LAB_IMAGE": name,
         "LAB_OS": r.os,
@@ -138,7 +132,8 @@ def render_upload(name: str, out: Path, templates_dir: Path | None = None) -> No
         "LAB_SITE_ROOT": r.nginx["root"],
     }
     lines = [f"{k}={shlex.quote(v)}" for k, v in env.items()]
-    (out / "lab-facts.sh").write_text(
+    outfiles.write(
+        out / "lab-facts.sh",
         "# shellcheck shell=sh disable=SC2034\n# Rendered by lab/images/render.py from "
-        "lab/osfacts.py.\n" + "\n".join(lines) + "\n"
+        "lab/osfacts.py.\n" + "\n".join(lines) + "\n",
     )

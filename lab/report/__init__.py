@@ -36,7 +36,7 @@ import jinja2
 from markupsafe import Markup
 
 import lab
-from lab import results
+from lab import outfiles, results
 from lab.report import history as history_charts, tables
 from lab.report.charts import chart
 from lab.report.data import (
@@ -182,16 +182,19 @@ def default_path(store: Store, run_id: str, vs: str | None = None) -> Path:
 
 
 def write(
-    store: Store, run_id: str, vs: str | None = None, out: Path | str | None = None, *, history: bool = False
+    store: Store,
+    run_id: str,
+    vs: str | None = None,
+    out: Path | str | None = None,
+    *,
+    history: bool = False,
+    mode: int = 0o600,
 ) -> Path:
-    """Render and write the report; returns the path written. Resolves run references first so
-    the default file name carries the full run ids."""
+    """Render and write the report (lab.outfiles: never over a link, a device or a directory; whole
+    or not at all), with permission bits `mode` ([lab] results_mode without x: 0600 by default);
+    returns the path written. Resolves run references first so the default file name carries the
+    full run ids."""
     a = store.run(run_id).id
     b = store.run(vs).id if vs is not None else None
-    html = render(store, a, b, history=history)
-    path = Path(out) if out is not None else default_path(store, a, b)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(html, encoding="utf-8")
-    tmp.replace(path)
-    return path
+    path = outfiles.check(Path(out) if out is not None else default_path(store, a, b))
+    return outfiles.write(path, render(store, a, b, history=history), mode=mode)

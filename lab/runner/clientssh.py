@@ -15,9 +15,8 @@ one-line error naming `hosts.NAME.client` (exit 2).
 from __future__ import annotations
 
 import threading
-from pathlib import Path
 
-from lab import clients
+from lab import clients, statedir
 from lab.backends import Backend
 from lab.errors import ConfigError, LabError, UnreachableError
 from lab.guest import Guest
@@ -32,14 +31,14 @@ def guest_for(placement: str, settings, netns: str | None) -> Guest:
     if target is None:
         raise ValueError(f"not an ssh client placement: {placement!r}")
     user, machine = target
-    identity = Path(settings.client_identity).expanduser() if settings.client_identity else None
+    identity = statedir.expand_user(settings.client_identity) if settings.client_identity else None
     return Guest(
         machine,
         key=identity,
         user=user,
         port=settings.client_port,
         netns=netns,
-        known_hosts_file=Path(settings.client_known_hosts).expanduser(),
+        known_hosts_file=statedir.expand_user(settings.client_known_hosts),
     )
 
 
@@ -48,7 +47,10 @@ def check(source: str, host: str, backend: Backend) -> None:
     or ConfigError naming hosts.HOST.client (nothing is made yet)."""
     settings = backend.settings
     where = f"{source}: hosts.{host}.client = {settings.client!r}"
-    known = Path(settings.client_known_hosts).expanduser()
+    try:
+        known = statedir.expand_user(settings.client_known_hosts)
+    except ValueError as exc:  # the default ~/.ssh/known_hosts of a user with no home
+        raise ConfigError(source, f"hosts.{host}.client_known_hosts", settings.client_known_hosts, str(exc)) from None
     if not known.is_file():
         raise ConfigError(
             source,

@@ -31,7 +31,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from lab import __version__, check, clients, estimate, gc, hostinfo, images, plan, schedule
+from lab import __version__, check, clients, estimate, gc, hostinfo, images, plan, schedule, statedir
 from lab.backends import Backend, host_lanes
 from lab.errors import LabError, SettingError, TeardownError, UsageError
 from lab.labconfig import LabConfig
@@ -64,6 +64,9 @@ def estimate_seconds(
 def prepare(cfg: LabConfig) -> tuple[list[plan.Unit], dict[str, ImageRef], dict[str, Backend]]:
     """Everything that can fail before anything is created: cells, images, backends' checks."""
     cells = plan.units(cfg)
+    # The run's locks (and the local backend's default workdir) live in the state directory: one
+    # that cannot be had (someone else's, no home to put it in) is said now, with nothing made.
+    statedir.check(cfg.backend_env().state_dir)
     # Secrets and hosts first: a wrong token or an unreachable host is the first thing to fix.
     backends = cfg.open_backends({c.host for c in cells})
     for host, b in backends.items():
@@ -198,7 +201,7 @@ def _run_locked(
         estimate_seconds(cfg, ordered, dups, store),
         {c.id: lane for lane, units in by_lane.items() for c in units},
     )
-    status, error = "failed", None
+    status, error, refused = "failed", None, False
 
     def open_host(ctx: RunContext, host: str) -> None:
         backend = backends[host]
@@ -246,6 +249,9 @@ def _run_locked(
         raise
     except LabError as exc:
         error = str(exc)
+        # Refused by a host's own checks as it opened (bad input, exit 2) before any cell started: the
+        # run was never more than its first rows, and it is recorded nowhere.
+        refused = isinstance(exc, UsageError) and todo is None and not started(store, run_id)
         raise
     finally:
         with shielded():
@@ -256,25 +262,40 @@ def _run_locked(
                     backend.close_run(run_id)
                 except LabError as exc:
                     ctx.teardown_failures.append(f"{host}: {exc}")
-        manifest["backends"] = {h: b.facts() for h, b in backends.items()}
-        manifest["repetitions"] = schedule.outcome(ctx.tallies)
-        if ctx.rounds:
-            manifest["rounds"] = ctx.rounds
-        manifest["spans"] = lanes.spans_by_cell(ctx.spans)
-        manifest["overlaps"], complete = lanes.overlaps(ctx.spans)
-        if not complete:
-            manifest["overlaps_cut_at"] = lanes.OVERLAPS_KEPT  # the spans say the rest
-        store.update_manifest(run_id, manifest)
-        if ctx.teardown_failures:
-            status = "failed"
-            error = "teardown failed: " + "; ".join(ctx.teardown_failures)
-        store.finish_run(run_id, status, error)
+        if refused and not ctx.teardown_failures:
+            store.discard_run(run_id)
+        else:
+            record_outcome(ctx, manifest, backends, status, error)
     if ctx.teardown_failures:
         raise TeardownError(
             f"run {run_id}: teardown failed: {'; '.join(ctx.teardown_failures)}",
             hint="run `lab gc` to remove what is left",
         )
     return run_id
+
+
+def started(store: Store, run_id: str) -> bool:
+    """Whether any cell of the run has left "pending" (booted, measured, failed, or was n/a)."""
+    return any(c.status != CellStatus.PENDING for c in store.cells(run_id))
+
+
+def record_outcome(
+    ctx: RunContext, manifest: dict[str, Any], backends: dict[str, Backend], status: str, error: str | None
+) -> None:
+    """The run's manifest (backends' facts, repetitions, rounds, spans and overlaps) and its status."""
+    manifest["backends"] = {h: b.facts() for h, b in backends.items()}
+    manifest["repetitions"] = schedule.outcome(ctx.tallies)
+    if ctx.rounds:
+        manifest["rounds"] = ctx.rounds
+    manifest["spans"] = lanes.spans_by_cell(ctx.spans)
+    manifest["overlaps"], complete = lanes.overlaps(ctx.spans)
+    if not complete:
+        manifest["overlaps_cut_at"] = lanes.OVERLAPS_KEPT  # the spans say the rest
+    ctx.store.update_manifest(ctx.run_id, manifest)
+    if ctx.teardown_failures:
+        status = "failed"
+        error = "teardown failed: " + "; ".join(ctx.teardown_failures)
+    ctx.store.finish_run(ctx.run_id, status, error)
 
 
 def resumable(store: Store, ref: str, cells: list[plan.Unit], manifest: dict[str, Any]) -> tuple[str, int, set[str]]:

@@ -48,7 +48,7 @@ class HostShell:
         """A small file on the host (None if it is not there)."""
         if not self.remote:
             try:
-                return Path(path).read_text(errors="replace")
+                return proc.read_bounded(path)  # as a remote `cat` through proc.run is
             except OSError:
                 return None
         res = self.run(["cat", path], what="read file", check=False, timeout=30)

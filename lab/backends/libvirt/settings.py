@@ -13,7 +13,8 @@ Keys (the user's documentation; `lab.toml` examples in the README):
 ``uri``            libvirt URI (required): ``bhyve+ssh://root@bsd1/system`` (add ``?keyfile=K&no_tty=1``
                    for non-interactive SSH), ``bhyve:///system`` when lab runs on the bhyve host,
                    ``qemu:///system``, ``qemu+ssh://root@kvm1/system``, or ``test:///default`` (contract
-                   tests; see ``flavour``).
+                   tests; see ``flavour``). No ``ext`` transport, no parameter that names a program or
+                   turns a check off (lab.programs: the one rule of what a lab.toml may run).
 ``ssh``            how to reach the host for shell commands (zfs, qemu-img, rm, arp): ssh arguments,
                    e.g. ``"root@bsd1"`` or ``"-p 2222 -i ~/.ssh/lab root@bsd1"``. Default: derived
                    from a ``+ssh`` (or ``+libssh``, ``+libssh2``) URI (user, host, port, keyfile);
@@ -77,6 +78,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from pydantic import AliasChoices, Field, field_validator
 
+from lab import programs
 from lab.backends.base import Capabilities, HostSettings
 from lab.backends.libvirt.drivers import (
     DRIVERS,
@@ -132,6 +134,9 @@ class Settings(HostSettings):
         if "://" not in v:
             raise ValueError("must be a libvirt URI such as bhyve+ssh://root@bsd1/system or qemu:///system")
         driver_of(v)  # ValueError naming the driver lab does not drive
+        why = programs.libvirt_uri_problem(v)  # what a lab.toml may make the lab run (lab.programs)
+        if why:
+            raise ValueError(why)
         return v
 
     def problems(self) -> list[tuple[str, object, str]]:

@@ -454,7 +454,7 @@ class LocalBackend(Backend):
 
     def console_text(self, vm: Vm) -> str:
         try:
-            return (Path(vm.handle["dir"]) / "console.log").read_text(errors="replace")
+            return proc.read_bounded(Path(vm.handle["dir"]) / "console.log")  # a guest may print without end
         except (KeyError, OSError):
             return ""
 

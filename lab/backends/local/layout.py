@@ -20,7 +20,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from lab import statedir
+from lab import names, statedir
 
 LEASE = "lease.json"
 MARKER = "lab/local-lease"  # the "marker" of every lease the lab writes
@@ -37,14 +37,14 @@ def run_lock_path(workdir: Path, run_id: str) -> Path:
 
 
 def run_of(name: str) -> str:
-    """Pure: the run id in `lab-<run>-<cell>` ("" for a name of another shape)."""
-    parts = name.split("-")
-    return parts[1] if len(parts) >= 3 and parts[0] == "lab" else ""
+    """Pure: the run id in `lab-<run>-<cell>` ("" for a name of another shape: its run cannot be
+    told, so `lab gc` never takes it for a dead run's; lab.names)."""
+    return names.run_of_machine(name)
 
 
 def run_of_netns(ns: str) -> str:
-    """Pure: the run of `lab-<run>` or of a bare-metal cell's `lab-<run>-bm01`."""
-    return re.sub(r"-bm\d+$", "", ns.removeprefix("lab-"))
+    """Pure: the run of `lab-<run>` or of a bare-metal cell's `lab-<run>-bm01` ("" as above)."""
+    return names.run_of_netns(ns)
 
 
 def write_lease(vmdir: Path, lease: dict[str, Any]) -> None:

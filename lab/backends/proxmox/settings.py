@@ -145,6 +145,10 @@ class Settings(HostSettings):
     @classmethod
     def _https(cls, v: str) -> str:
         # TLS always: the token travels in every request
+        if "@" in v.partition("://")[2].partition("/")[0]:  # the message's value is redacted (lab.redact)
+            raise ValueError(
+                'has user-info (user:password@): the password goes in password = "env:NAME" or "file:PATH"'
+            )
         if not re.fullmatch(r"https://(\[[0-9A-Fa-f:.]+\]|[^/\s:\[\]]+)(:\d+)?(/\S*)?", v):
             raise ValueError("must be an https:// URL such as https://pve1.example:8006")
         return v.rstrip("/")

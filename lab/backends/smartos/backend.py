@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from lab import proc, runlock
+from lab import proc, runlock, statedir
 from lab.backends.base import Backend, BackendEnv, Capabilities, PlainClient
 from lab.backends.neighbours import parse_arp
 from lab.backends.smartos import payload, publish, zones
@@ -55,7 +55,7 @@ class SmartosBackend(Backend):
 
     def __init__(self, host_name: str, settings: Settings, env: BackendEnv | None = None):
         super().__init__(host_name, settings, env)
-        self.gz = GlobalZone(host_name, settings, self.env.state_dir)
+        self.gz = GlobalZone(host_name, settings)
         self._pool = address_pool(settings.addresses)
         self._sysinfo: dict[str, Any] | None = None
         self._images: dict[str, str] = {}  # image name -> imgadm uuid of its published image
@@ -196,8 +196,7 @@ class SmartosBackend(Backend):
         return self._images[image.name]
 
     def _work_dir(self) -> Path:
-        self.env.state_dir.mkdir(parents=True, exist_ok=True)
-        return self.env.state_dir
+        return statedir.ensure(self.env.state_dir)  # private: run locks and the address lock live here
 
     # -- per run ----------------------------------------------------------------------------------------
     def open_run(self, run_id: str) -> Client:

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shlex
+import shutil
 import tempfile
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -56,29 +57,38 @@ def _last_line(text: str) -> str:
     return lines[-1][:300] if lines else "no output"
 
 
-def _control_dir(state_dir: Path) -> Path | None:
-    """A private directory for ControlMaster sockets whose paths fit a unix socket (108 bytes)."""
-    for base in (state_dir / "gz", Path(tempfile.gettempdir()) / f"lab-gz-{os.getuid()}"):
-        if len(str(base)) + 52 > 104:
-            continue
-        try:
-            base.mkdir(mode=0o700, parents=True, exist_ok=True)
-            st = base.stat()
-            if st.st_uid == os.getuid() and not st.st_mode & 0o077:
-                return base
-        except OSError:
-            continue
-    return None  # no private short directory: one connection per command
+def _control_dir() -> Path | None:
+    """A private directory for this process's ControlMaster sockets, short enough for a unix socket
+    path (108 bytes): a new temporary one (mode 0700), so that a check that reaches nothing (`lab
+    plan --check`) leaves nothing behind, and nobody else's directory is ever trusted."""
+    try:
+        base = Path(tempfile.mkdtemp(prefix="lab-gz-"))
+    except OSError:
+        return None
+    if len(str(base)) + 52 > 104:
+        base.rmdir()
+        return None  # no private short directory: one connection per command
+    return base
 
 
 class GlobalZone:
-    def __init__(self, host_name: str, settings: Settings, state_dir: Path):
+    def __init__(self, host_name: str, settings: Settings):
         self.host_name = host_name
         self.settings = settings
         self.target = settings.ssh
-        self.control = _control_dir(state_dir)
+        self._control: Path | None = None  # made at the first command (_control_dir), gone at close
+        self._control_made = False
         # %C names user, host and port only: another key or option set must not reuse this connection
         self._mux_tag = hashlib.sha256(repr((settings.ssh_key, settings.ssh_options)).encode()).hexdigest()[:8]
+
+    @property
+    def control(self) -> Path | None:
+        if not self._control_made:
+            self._control_made = True
+            self._control = _control_dir()
+            if self._control is not None:  # a process that never closes this still removes it at exit
+                weakref.finalize(self, shutil.rmtree, self._control, True)
+        return self._control
 
     def ssh_argv(self, remote: list[str], *, stdin: bool = False) -> list[str]:
         s = self.settings
@@ -183,8 +193,10 @@ class GlobalZone:
 
     def close(self) -> None:
         """End the shared connection (it would otherwise linger for ControlPersist seconds)."""
-        if self.control is None:
+        if self._control is None:
             return
         argv = self.ssh_argv(["true"])
         argv[-2:] = ["-O", "exit", self.target]
         proc.run(argv, check=False, timeout=10)
+        shutil.rmtree(self._control, ignore_errors=True)
+        self._control, self._control_made = None, False

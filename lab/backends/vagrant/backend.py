@@ -401,7 +401,7 @@ class VagrantBackend(Backend):
 
     def console_text(self, vm: Vm) -> str:
         try:
-            return (Path(vm.handle["dir"]) / "console.log").read_text(errors="replace")
+            return proc.read_bounded(Path(vm.handle["dir"]) / "console.log")  # a guest may print without end
         except OSError:
             return ""
 

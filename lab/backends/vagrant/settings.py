@@ -9,6 +9,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
+from lab import programs
 from lab.backends.base import Capabilities, HostSettings
 from lab.model import CloneKind, DiskBus, NicModel
 
@@ -56,6 +57,9 @@ class Settings(HostSettings):
     def _uri(cls, v: str) -> str:
         if not v.startswith(("qemu:///", "qemu+")):
             raise ValueError("must be a libvirt QEMU URI such as qemu:///system (vagrant-libvirt drives QEMU)")
+        why = programs.libvirt_uri_problem(v)  # what a lab.toml may make the lab run (lab.programs)
+        if why:
+            raise ValueError(why)
         return v
 
     @field_validator("subnets")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import jinja2
 
-from lab import TEMPLATES_DIR
+from lab import TEMPLATES_DIR, plaintext
 from lab.model import DiskBus, NicModel
 
 TEMPLATE_DIR = TEMPLATES_DIR / "vagrant"
@@ -64,6 +64,12 @@ class Machine:
     notes: tuple[str, ...] = field(default=())  # more comment lines at the top
 
 
+def comment(value: object) -> str:
+    """`value` as the rest of a Ruby comment line: one line, no control characters (a line break
+    in a label read from a results store would otherwise end the comment and start Ruby code)."""
+    return plaintext.one_line(value)
+
+
 def ruby_string(value: object) -> str:
     """A Ruby double-quoted string literal of `value` (no interpolation can sneak in)."""
     text = str(value)
@@ -80,6 +86,7 @@ def _environment() -> jinja2.Environment:
         autoescape=False,
     )
     env.filters["rb"] = ruby_string
+    env.filters["comment"] = comment
     return env
 
 
