@@ -450,7 +450,8 @@ def test_secret_references_are_resolved(pve, monkeypatch, tmp_path, pve_env):
 
 
 def test_failed_configure_leaves_nothing(pve, pve_env):
-    b = ProxmoxBackend("pve1", backend_settings(pve, cpu_type="not a cpu!"), pve_env)
+    # lab.toml refuses such a CPU type (lab.backends.fields); a host that refuses a value is made so
+    b = ProxmoxBackend("pve1", backend_settings(pve).model_copy(update={"cpu_type": "not a cpu!"}), pve_env)
     with pytest.raises(BackendError, match=r"config of VM \d+ failed: 400 Parameter verification failed. cpu: "):
         b.clone(IMAGE, spec())
     assert pve.vm_ids() == []
@@ -583,3 +584,4 @@ def test_host_facts_come_from_the_node_status(pve, pve_env):
     facts = ProxmoxBackend("pve1", backend_settings(pve, nodes=["pve1", "pve2"]), pve_env).host_facts()
     assert facts["cpu_model"] == pve.cpu_model
     assert facts["node_facts"] == {"pve2": {"error": "node pve2 cannot be reached: HTTP 595 No route to host"}}
+

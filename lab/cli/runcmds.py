@@ -51,6 +51,8 @@ def _axis_text(a: axes.Axis, c: plan.Unit) -> str:
 def plan_cmd(config_path, check_hosts, as_json):
     """Show the matrix cells, what will be created, and an estimate of time."""
     cfg = config.load(config_path)
+    for text in check.setting_warnings(cfg):
+        warn("lab: warning: ", text)
     units = plan.units(cfg)
     dups = plan.equivalents(cfg, units)
     cells = [u for u in units if u.kind == "vm" and u.id not in dups]  # duplicates are not booted
@@ -270,6 +272,8 @@ def _host_watch(cfg) -> dict[str, str]:
 def run_cmd(config_path, run_id, resume):
     """Clone -> boot -> verify -> tune -> workloads -> destroy, cell by cell. Results are saved."""
     cfg = config.load(config_path)
+    for warning in check.setting_warnings(cfg):
+        warn("lab: warning: ", warning)
     text = Path(config_path).read_text()
     if run_id is not None and not RUN_ID.fullmatch(run_id):
         # it names namespaces, VMs, lock files: letters, digits and '-' only, short

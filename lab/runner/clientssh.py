@@ -17,7 +17,7 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from lab import clients
+from lab import clients, paths
 from lab.backends import Backend
 from lab.errors import ConfigError, LabError, UnreachableError
 from lab.guest import Guest
@@ -49,12 +49,13 @@ def check(source: str, host: str, backend: Backend) -> None:
     settings = backend.settings
     where = f"{source}: hosts.{host}.client = {settings.client!r}"
     known = Path(settings.client_known_hosts).expanduser()
-    if not known.is_file():
+    why = paths.not_regular(known)
+    if why:
         raise ConfigError(
             source,
             f"hosts.{host}.client_known_hosts",
             settings.client_known_hosts,
-            "no such file: the client machine's host key is checked against it",
+            f"{'no such file' if not known.exists() else why}: the client machine's host key is checked against it",
             hint=f"ssh -p {settings.client_port} {settings.client.removeprefix(clients.SSH_PREFIX)} once and "
             "check the key it shows, or name the file with client_known_hosts",
         )

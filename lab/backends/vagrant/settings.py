@@ -7,9 +7,11 @@ import ipaddress
 import re
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationError, field_validator
 
+from lab.backends import fields
 from lab.backends.base import Capabilities, HostSettings
+from lab.backends.libvirt import settings as libvirt_settings
 from lab.model import CloneKind, DiskBus, NicModel
 
 # What vagrant-libvirt can ask libvirt's QEMU driver for: `nic_model_type` takes any QEMU model,
@@ -40,7 +42,10 @@ class Settings(HostSettings):
     @field_validator("workdir", "vagrant_home")
     @classmethod
     def _path(cls, v: str | None) -> str | None:
-        if v is not None and not _SAFE_PATH.match(v):
+        if v is None:
+            return v
+        v = fields.state_dir(v)  # `~` expanded, absolute (lab.paths)
+        if not _SAFE_PATH.match(v):
             raise ValueError("must be an absolute path of letters, digits and _ . / + -")
         return v
 
@@ -56,6 +61,11 @@ class Settings(HostSettings):
     def _uri(cls, v: str) -> str:
         if not v.startswith(("qemu:///", "qemu+")):
             raise ValueError("must be a libvirt QEMU URI such as qemu:///system (vagrant-libvirt drives QEMU)")
+        # the libvirt backend's own checks of a libvirt URI: one key, one validator
+        try:
+            libvirt_settings.Settings.model_validate({"backend": "libvirt", "uri": v})
+        except ValidationError as exc:
+            raise ValueError(exc.errors()[0]["msg"].removeprefix("Value error, ")) from None
         return v
 
     @field_validator("subnets")
@@ -67,6 +77,8 @@ class Settings(HostSettings):
             raise ValueError(f"is not an IPv4 network: {exc}") from None
         if net.prefixlen > 24:
             raise ValueError("must hold at least one /24 (prefix 24 or shorter)")
+        if net.prefixlen < 8:  # its /24s are listed to find a free one: at most 65,536 of them
+            raise ValueError("holds more than 65,536 /24s: a prefix of 8 or longer")
         return v
 
 
