@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, create_model, field_validator
 
-from lab import IMAGES_DIR, axes, backends, paths, statedir
+from lab import IMAGES_DIR, axes, backends, lease, paths, statedir
 from lab.backends import HostSettings
 from lab.errors import UsageError
 from lab.images import RECIPES
@@ -33,7 +33,9 @@ class Strict(BaseModel):
 class LabSection(Strict):
     name: str = "lab"
     results: str = "results"  # directory holding lab.db and raw artefacts; `~` and relative to lab.toml (lab.paths)
-    lease_minutes: int = Field(default=120, ge=1, le=7 * 24 * 60)
+    # a machine whose lease was not renewed for this long is fair game for `lab gc` anywhere; a live
+    # run renews its machines' leases every third of it (lab.lease, lab.runner.renewal)
+    lease_minutes: float = Field(default=120, ge=lease.MIN_LEASE_MINUTES, le=7 * 24 * 60)
     # the mode a new results directory is made with; its store and report files get the same bits
     # without x: "0700" (private: the default), "0750" (readable by the group), "0755"
     results_mode: str = "0700"

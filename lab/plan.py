@@ -160,7 +160,9 @@ def cells(cfg: LabConfig) -> list[Cell]:
     return out
 
 
-def vm_spec(cell: Cell, image: ImageRef, *, run_id: str, expires_at: float = 0.0, place: str = "") -> VmSpec:
+def vm_spec(
+    cell: Cell, image: ImageRef, *, run_id: str, expires_at: float = 0.0, place: str = "", owner: str = ""
+) -> VmSpec:
     """What a cell asks its host's backend to make: the VmSpec fields the axes table marks `in_spec`,
     on `place` of the host (its lane's, lab.runner.lanes) if it has places."""
     name = f"lab-{run_id}-{cell.id}"
@@ -170,6 +172,7 @@ def vm_spec(cell: Cell, image: ImageRef, *, run_id: str, expires_at: float = 0.0
         cell_id=cell.id,
         image=image,
         expires_at=expires_at,
+        owner=owner,
         place=place,
         labels={"run": run_id, "cell": cell.id},
         **{a.name: getattr(cell, a.name) for a in AXES_TABLE if a.in_spec},

@@ -333,6 +333,13 @@ class Backend(abc.ABC):
     def destroy(self, vm: Vm) -> None:
         """Stop and remove everything clone() and start() made. Idempotent. Raises TeardownError."""
 
+    @abc.abstractmethod
+    def renew_lease(self, vm: Vm, expires_at: float) -> None:
+        """Move the lease the machine carries on the host (its expiry; run, cell and owner as
+        written at clone) to `expires_at`: the run renews it while the machine stands
+        (lab.runner.renewal), so a gc that cannot ask this machine's locks never takes it for a
+        leftover. Raises LabError (the run warns and tries again)."""
+
     def console_text(self, vm: Vm) -> str:
         """What the guest printed on its serial console so far ("" where it cannot be read)."""
         return ""

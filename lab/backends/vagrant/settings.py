@@ -30,7 +30,10 @@ class Settings(HostSettings):
     provider: Literal["libvirt"] = "libvirt"
     uri: str = "qemu:///system"  # the libvirt daemon vagrant-libvirt and lab's checks talk to
     driver: Literal["qemu", "kvm"] = "qemu"  # domain type: qemu = TCG (nested KVM hangs guests here)
-    workdir: str = "/var/tmp/lab/vagrant"  # <workdir>/<run>/<vm>/Vagrantfile; `lab gc` looks here
+    # <workdir>/<run>/<vm>/Vagrantfile; `lab gc` looks here and runs `vagrant destroy` in what it finds,
+    # so it is held to the state directory's rules (lab.statedir: this user's alone). Default:
+    # "vagrant" in the lab's private state directory (BackendEnv.state_dir)
+    workdir: str | None = None
     vagrant_home: str | None = None  # VAGRANT_HOME (boxes, machine index); None: Vagrant's default
     storage_pool: str = "default"  # libvirt pool for the box's base volume and each cell's overlay
     # Each run gets its own isolated libvirt network (no forwarding: load stays on it), a free /24
