@@ -32,6 +32,7 @@ def validate(cfg: LabConfig) -> None:
     check_excludes(cfg)
     check_storable(cfg)
     cfg.suite.quiet_mode(False)  # $LAB_QUIET_HOST, when set, is a value it can use (UsageError)
+    check_matrix_size(cfg)
     cells = plan.cells(cfg)  # the one expansion of the matrix
     if not cells and not cfg.suite.bare_metal:
         raise ConfigError(cfg.source, "matrix.exclude", cfg.matrix.exclude, "excludes every cell; nothing to run")
@@ -142,6 +143,21 @@ def check_excludes(cfg: LabConfig) -> None:
                 )
 
 
+def check_matrix_size(cfg: LabConfig) -> None:
+    """Every combination of the axes is made before any check of the cells: counted first, so a
+    matrix of millions is one line, not minutes and gigabytes."""
+    size = plan.combinations(cfg.matrix)
+    if size > plan.MAX_COMBINATIONS:
+        sizes = " x ".join(str(len(getattr(cfg.matrix, a))) for a in AXES if len(getattr(cfg.matrix, a)) > 1)
+        raise ConfigError(
+            cfg.source,
+            "matrix",
+            "{…}",
+            f"has {size:,} combinations ({sizes}), before excludes; at most {plan.MAX_COMBINATIONS:,} are expanded",
+            hint="fewer values per axis, or several labs",
+        )
+
+
 SQLITE_INT = (-(2**63), 2**63 - 1)
 
 
@@ -156,6 +172,16 @@ def check_storable(cfg: LabConfig) -> None:
             seed,
             f"does not fit the results store's 64-bit integers ({SQLITE_INT[0]} to {SQLITE_INT[1]})",
         )
+
+
+def setting_warnings(cfg: LabConfig) -> list[str]:
+    """One line per setting of the matrix's hosts that works but gives up a check (verify_tls =
+    false), naming file, key and value: `lab plan` and `lab run` say them."""
+    return [
+        f"{cfg.source}: hosts.{host}.{key} = {value!r}: {why}"
+        for host in dict.fromkeys(cfg.matrix.host)
+        for key, value, why in cfg.hosts[host].warnings()
+    ]
 
 
 def capacity_warnings(cfg: LabConfig, facts: dict[str, dict[str, Any]]) -> list[str]:
@@ -314,6 +340,16 @@ def check_suite(cfg: LabConfig, cells: list[plan.Cell]) -> None:
             "applies to a fixed n only: with suite.target_ci_pct the repetitions go on until the unflagged "
             "ones suffice, up to suite.max_repetitions",
         )
+    if suite.target_ci_pct is None:  # the adaptive budget means nothing to a fixed n: said, not ignored
+        for key in ("max_repetitions", "max_seconds"):
+            if key in suite.model_fields_set:
+                raise ConfigError(
+                    src,
+                    f"suite.{key}",
+                    getattr(suite, key),
+                    "is a budget of adaptive repetition only (with suite.target_ci_pct); a fixed n measures "
+                    "suite.repetitions",
+                )
     if suite.repetitions_per_boot != 1 and suite.order != "interleaved":
         raise ConfigError(
             src,
@@ -330,12 +366,16 @@ def check_suite(cfg: LabConfig, cells: list[plan.Cell]) -> None:
         )
     if suite.noise_floor and not cells:
         raise ConfigError(src, "suite.noise_floor", True, "needs at least one VM cell to run twice")
-    if suite.quiet_host == "wait" and suite.quiet_timeout_s < suite.quiet_seconds:
+    # unset, quiet_host is "wait" on a host that is this machine ($LAB_QUIET_HOST aside): the same rule
+    waiting = [h for h in cfg.matrix.host if suite.quiet_mode(backends.capabilities(cfg.hosts[h]).local_host) == "wait"]
+    if waiting and suite.quiet_timeout_s < suite.quiet_seconds:
+        how = 'suite.quiet_host = "wait"' if suite.quiet_host else f"host {waiting[0]!r} waits for quiet by default"
         raise ConfigError(
             src,
             "suite.quiet_timeout_s",
             suite.quiet_timeout_s,
-            f"is shorter than suite.quiet_seconds ({suite.quiet_seconds:g}): the host could never be found quiet",
+            f"is shorter than suite.quiet_seconds ({suite.quiet_seconds:g}) and {how}: "
+            "the host could never be found quiet",
         )
 
 

@@ -1,10 +1,11 @@
 """`lab gc`: remove what crashed or killed runs left behind, on every configured host.
 
-What goes: anything carrying a lab run id whose run is known to be dead (a backend's
-`run_is_live` says so: no process on this machine holds the run's lock), or whose lease has
-expired. Whether a run started on another machine is alive cannot be known from here
-(`run_is_live` answers None, or the backend has none), so there only expired leases go, unless
---force.
+What goes: anything carrying a lab run id whose run is known to be dead, or whose lease has
+expired (a live run renews its leases: lab.runner.renewal). Who can know (`liveness`, by the
+lease's owner, lab.lease): this machine's run locks (a backend's `run_is_live`) for what this
+machine made, this store's run lock for what its runs made. Whether a run of another machine or
+another store is alive cannot be known from here, whatever its run id, so there only expired
+leases go, unless --force.
 VMs and processes first, then disks, taps and namespaces.
 
 Warm snapshots (lab.axes `start = "warm"`) belong to no run: they go when the image build they
@@ -16,9 +17,10 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from lab import images, runlock
+from lab import images, lease, runlock, statedir
 from lab.config import LabConfig
 from lab.errors import IncompleteListing, LabError
+from lab.model import Owned
 from lab.runlock import run_lock_path
 from lab.store import Store
 
@@ -67,7 +69,9 @@ def collect(
     force: bool = False,
     backends: dict | None = None,
     now: float | None = None,
+    here: str | None = None,
 ) -> GcReport:
+    """`here`: the machine tag this gc goes by (lab.lease; default this state directory's)."""
     report = GcReport()
     now = time.time() if now is None else now
     names = set(hosts or cfg.hosts)
@@ -77,14 +81,16 @@ def collect(
     # Runs of this results store: one whose lock here is not held is over (finished, or killed),
     # whatever machine-local lock its backend keeps (or no longer keeps: a finished run drops it).
     db = cfg.results_dir / Store.FILENAME
-    ours: set[str] = set()
+    ours: dict[str, set[str]] = {}  # run id -> the owners its attempts wrote in their leases (lab.lease)
     if db.exists():
         try:
             store = Store(cfg.results_dir)
-            ours = {r.id for r in store.runs()}
+            ours = {r.id: run_owners(r.manifest) for r in store.runs()}
             store.close()
         except LabError as exc:
             report.errors.append(f"results store: {exc}")
+    if here is None:  # "" where no run of this machine made an owner yet
+        here = lease.machine_tag(statedir.default_dir())
     found = []
     partly: set[str] = set()  # hosts that could not be looked at whole: no run lock goes while one is
     for host, backend in sorted(backends.items()):
@@ -100,19 +106,14 @@ def collect(
     # every host's VMs before any host's disks, ..., run locks last
     for host, backend, item in sorted(found, key=lambda f: (ORDER.get(f[2].kind, 9), f[0], f[2].name)):
         expired = bool(item.expires_at) and item.expires_at < now
-        # True/False when this machine knows (its run lock), None when it cannot tell. An item whose
-        # run cannot be told from its name (a run id lab.names no longer allows) is no dead run's:
-        # only --force or its lease's expiry removes it.
-        state = backend.run_is_live(item.run_id) if item.run_id else None
-        if state is None and item.run_id in ours:
-            state = bool(runlock.held(run_lock_path(cfg.results_dir, item.run_id)))
+        state = liveness(backend, item, ours, cfg.results_dir, here)
         if state is not None:
             keep = state and not force
             why = f"run {item.run_id} is live"
         else:
             keep = not expired and not force
             why = (
-                "lease not expired; another machine's run may own it (--force removes it)"
+                "lease not expired; another machine's or store's run may own it (--force removes it)"
                 if item.run_id
                 else "its run cannot be told from its name (--force removes it)"
             )
@@ -159,6 +160,37 @@ def collect(
         except LabError as exc:  # e.g. the results disk is still full: what was removed stays removed
             report.errors.append(f"results store: {exc}")
     return report
+
+
+def run_owners(manifest: dict) -> set[str]:
+    """The owners a stored run's attempts wrote in their leases (the run's manifest)."""
+    owners = manifest.get("owners") if isinstance(manifest, dict) else None
+    return {o for o in owners if isinstance(o, str)} if isinstance(owners, list) else set()
+
+
+def liveness(backend, item: Owned, ours: dict[str, set[str]], results_dir, here: str) -> bool | None:
+    """Is the run that made `item` alive? True/False when this machine or this store can tell,
+    None when only the lease's expiry can (lab.lease):
+
+    - a machine this machine made (its owner carries this state directory's tag): this machine's
+      run locks know, and a lock that is gone is a run that is over;
+    - one a run of this store made (its owner is one of the run's): the store's run lock knows;
+    - one another machine or store made, whatever its run id: nobody here knows;
+    - a lease without an owner (written before owners existed, or a lock file): as before, this
+      machine's lock of that run id, else this store's run of that id."""
+    if not item.run_id:  # its run cannot be told from its name (lab.names): only --force or expiry
+        return None
+    owner = item.owner
+    if owner and here and lease.machine_of(owner) == here:
+        return bool(backend.run_is_live(item.run_id))
+    if owner:
+        if owner in ours.get(item.run_id, set()):
+            return bool(runlock.held(run_lock_path(results_dir, item.run_id)))
+        return None
+    state = backend.run_is_live(item.run_id)
+    if state is None and item.run_id in ours:
+        state = bool(runlock.held(run_lock_path(results_dir, item.run_id)))
+    return state
 
 
 def _stale_warm(backends: dict, report: GcReport, dry_run: bool) -> None:

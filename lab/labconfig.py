@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, create_model, field_validator
 
-from lab import IMAGES_DIR, axes, backends, statedir
+from lab import IMAGES_DIR, axes, backends, lease, paths, statedir
 from lab.backends import HostSettings
 from lab.errors import UsageError
 from lab.images import RECIPES
@@ -32,11 +32,21 @@ class Strict(BaseModel):
 
 class LabSection(Strict):
     name: str = "lab"
-    results: str = "results"  # directory holding lab.db and raw artefacts, relative to lab.toml
-    lease_minutes: int = Field(default=120, ge=1, le=7 * 24 * 60)
+    results: str = "results"  # directory holding lab.db and raw artefacts; `~` and relative to lab.toml (lab.paths)
+    # a machine whose lease was not renewed for this long is fair game for `lab gc` anywhere; a live
+    # run renews its machines' leases every third of it (lab.lease, lab.runner.renewal)
+    lease_minutes: float = Field(default=120, ge=lease.MIN_LEASE_MINUTES, le=7 * 24 * 60)
     # the mode a new results directory is made with; its store and report files get the same bits
     # without x: "0700" (private: the default), "0750" (readable by the group), "0755"
     results_mode: str = "0700"
+
+    @field_validator("results")
+    @classmethod
+    def _results(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("must name the results directory")
+        paths.expand(v)  # `~` as a shell reads it (ValueError for an unknown user's home)
+        return v
 
     @field_validator("results_mode")
     @classmethod
@@ -167,8 +177,8 @@ class LabConfig(Strict):
 
     @property
     def results_dir(self) -> Path:
-        p = Path(self.lab.results)
-        return p if p.is_absolute() else self.base_dir / p
+        """`[lab] results`: `~` expanded, relative to lab.toml's folder (lab.paths, as every path)."""
+        return paths.local(self.lab.results, self.base_dir)
 
     def backend_env(self) -> backends.BackendEnv:
         """What each host's backend is built with besides its settings."""

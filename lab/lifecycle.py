@@ -33,6 +33,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from lab import lease
 from lab.backends import Backend
 from lab.errors import HostUnreachable, LabError
 from lab.model import CellStatus, Vm
@@ -73,6 +74,13 @@ class Reporter(Protocol):
     def warn(self, message: str) -> None: ...
 
 
+class LeaseKeeper(Protocol):
+    """Renews the leases of a run's machines while they stand (lab.runner.renewal)."""
+
+    def track(self, backend: Backend, vm: Vm, lease_id: int) -> None: ...
+    def untrack(self, lease_id: int) -> None: ...
+
+
 class SilentReporter:
     def run_started(self, *a, **k): ...
     def cell_started(self, *a, **k): ...
@@ -101,12 +109,14 @@ class CellLife:
         round_no: int = 1,
         cancel: threading.Event | None = None,
         lost_hosts: dict[str, str] | None = None,
+        leases: LeaseKeeper | None = None,
     ):
         self.store, self.run_id, self.reporter, self.cell, self.backend = store, run_id, reporter, cell, backend
+        self.leases = leases  # the run's lease renewal: told of the machine once it exists
         self.teardown_failures = teardown_failures  # the run's: any entry fails the run
         self.name = f"lab-{run_id}-{cell.id}"
         self.facts: dict[str, Any] = dict(facts or {})
-        self.vm: Vm | None = None  # set as soon as the backend made something: teardown destroys it
+        self._vm: Vm | None = None
         self.stage = "lease"
         self.status: str = CellStatus.FAILED
         self.error: str | None = None
@@ -124,6 +134,17 @@ class CellLife:
         self.lease_id = store.add_lease(run_id, cell.id, cell.host, backend.name, self.name, expires_at)
 
     # -- inside the block ------------------------------------------------------------------------
+    @property
+    def vm(self) -> Vm | None:
+        """Set as soon as the backend made something: its lease is renewed, and teardown destroys it."""
+        return self._vm
+
+    @vm.setter
+    def vm(self, vm: Vm | None) -> None:
+        self._vm = vm
+        if vm is not None and self.leases is not None:
+            self.leases.track(self.backend, vm, self.lease_id)
+
     def enter(self, stage: str, detail: str = "") -> None:
         """The cell reached `stage` (one of STAGES): recorded, shown. The stage it leaves completed:
         its time is stored."""
@@ -193,6 +214,8 @@ class CellLife:
                 cleanup()
             except LabError as exc:
                 self.reporter.warn(f"{self.cell.id}: could not {what}: {exc}")
+        if self.leases is not None:
+            self.leases.untrack(self.lease_id)  # never renewed while (or after) it is destroyed
         if self.vm is not None:
             try:
                 self.backend.destroy(self.vm)
@@ -215,6 +238,6 @@ class CellLife:
         self.reporter.cell_finished(self.cell, self.status, self.error)
 
 
-def lease_expiry(lease_minutes: int) -> float:
-    """When a cell made now may be removed by `lab gc` on any machine."""
-    return time.time() + lease_minutes * 60
+def lease_expiry(lease_minutes: float) -> float:
+    """When a cell made now may be removed by `lab gc` on any machine (unless renewed: lab.lease)."""
+    return lease.expiry(lease_minutes)

@@ -93,6 +93,7 @@ class VmSpec:
     ip: str = ""  # static address the guest gets ("" = backend decides / DHCP)
     mac: str = ""
     expires_at: float = 0.0  # unix time after which `lab gc` may remove it
+    owner: str = ""  # whose run made it (lab.lease: this machine's tag and the run's nonce); "" outside a run
     place: str = ""  # one of the host's Capabilities.places (its lane's) the VM must go to; "" = any
     # ZONE: the host makes an OS-virtualised machine instead of a VM (Capabilities.machine_isolation);
     # a container is made inside the guest (lab.isolation), so its spec says VM's default to backends
@@ -126,6 +127,7 @@ class Owned:
     run_id: str
     expires_at: float = 0.0
     detail: str = ""
+    owner: str = ""  # the lease's owner (lab.lease), "" where the host keeps none or an old lease has none
 
 
 @dataclass(frozen=True)

@@ -13,12 +13,14 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import math
 import random
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, ClassVar, Final, Literal
 
 from lab import axes as axes_table, backends, osfacts, stats, tuning
 from lab.axes import AXES_TABLE
+from lab.errors import UsageError
 from lab.labconfig import KNOWN_IMAGES, LabConfig
 from lab.model import MADE_BY_HOST, ImageRef, Isolation, Runtime, VmSpec
 
@@ -127,10 +129,22 @@ def _excluded(axes: dict[str, object], excludes: list[dict[str, object]]) -> boo
     return False
 
 
+# The most combinations of a matrix that are expanded (lab.check refuses more, before excludes):
+# `make bench`'s scale test has 50,000; every one becomes a cell record before any check runs.
+MAX_COMBINATIONS = 100_000
+
+
+def combinations(matrix: Any) -> int:
+    """Pure: how many combinations the axes make, before excludes (counted, not listed)."""
+    return math.prod(len(getattr(matrix, a.name)) for a in AXES_TABLE)
+
+
 def cells(cfg: LabConfig) -> list[Cell]:
     """Every combination of the matrix's values, in table order, minus `exclude`. An excluded
     combination keeps its index, so ids do not move when an exclude is added."""
     m = cfg.matrix
+    if combinations(m) > MAX_COMBINATIONS:  # lab.check says so in one line first
+        raise UsageError(f"the matrix has {combinations(m)} combinations; at most {MAX_COMBINATIONS} are expanded")
     unset = {a.name: a.plain(a.default) for a in AXES_TABLE if a.optional}  # exclude may name them
     out: list[Cell] = []
     for index, combo in enumerate(itertools.product(*(getattr(m, a.name) for a in AXES_TABLE)), start=1):
@@ -146,7 +160,9 @@ def cells(cfg: LabConfig) -> list[Cell]:
     return out
 
 
-def vm_spec(cell: Cell, image: ImageRef, *, run_id: str, expires_at: float = 0.0, place: str = "") -> VmSpec:
+def vm_spec(
+    cell: Cell, image: ImageRef, *, run_id: str, expires_at: float = 0.0, place: str = "", owner: str = ""
+) -> VmSpec:
     """What a cell asks its host's backend to make: the VmSpec fields the axes table marks `in_spec`,
     on `place` of the host (its lane's, lab.runner.lanes) if it has places."""
     name = f"lab-{run_id}-{cell.id}"
@@ -156,6 +172,7 @@ def vm_spec(cell: Cell, image: ImageRef, *, run_id: str, expires_at: float = 0.0
         cell_id=cell.id,
         image=image,
         expires_at=expires_at,
+        owner=owner,
         place=place,
         labels={"run": run_id, "cell": cell.id},
         **{a.name: getattr(cell, a.name) for a in AXES_TABLE if a.in_spec},

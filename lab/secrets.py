@@ -16,6 +16,7 @@ import stat
 from collections.abc import Mapping
 from pathlib import Path
 
+from lab import paths
 from lab.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -23,6 +24,7 @@ log = logging.getLogger(__name__)
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _referenced: set[str] = set()  # environment variables named by a reference: never passed on
 _warned: set[Path] = set()  # secret files already warned about in this process
+SECRET_LIMIT = 64 * 1024  # bytes read of a secret file: a token or password, not a disk
 
 
 def problem(ref: str) -> str | None:
@@ -55,9 +57,9 @@ def child_environment(extra: Mapping[str, str] | None = None) -> dict[str, str]:
 
 
 def secret_path(where: str, source: str) -> Path:
-    """A `file:` reference's path: `~` expanded, relative ones against the lab.toml's folder."""
-    path = Path(where).expanduser()
-    return path if path.is_absolute() else Path(source).resolve().parent / path
+    """A `file:` reference's path: `~` expanded, relative ones against the lab.toml's folder
+    (lab.paths). ValueError when it names an unknown user's home."""
+    return paths.local(where, Path(source).resolve().parent)
 
 
 def resolve_secret(ref: str | None, source: str, key: str) -> str | None:
@@ -71,10 +73,14 @@ def resolve_secret(ref: str | None, source: str, key: str) -> str | None:
         if not value:
             raise ConfigError(source, key, ref, f"environment variable {where} is not set")
         return value.strip()
-    path = secret_path(where, source)
+    try:
+        path = secret_path(where, source)
+    except ValueError as exc:
+        raise ConfigError(source, key, ref, f"cannot read secret file: {exc}") from None
     try:
         mode = os.stat(path).st_mode
-        value = path.read_text().strip()
+        # a regular file only (a FIFO would hang the read, /dev/zero never end it); a secret is short
+        value = paths.read_regular(path, SECRET_LIMIT).decode("utf-8", errors="replace").strip()
     except OSError as exc:
         raise ConfigError(source, key, ref, f"cannot read secret file {path}: {exc.strerror}") from None
     if not value:

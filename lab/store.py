@@ -450,6 +450,10 @@ class Store:
     def release_lease(self, lease_id: int) -> None:
         self.db.execute("UPDATE leases SET released_at = ? WHERE id = ?", (time.time(), lease_id))
 
+    def renew_lease(self, lease_id: int, expires_at: float) -> None:
+        """A live run's machine keeps its lease (lab.runner.renewal)."""
+        self.db.execute("UPDATE leases SET expires_at = ? WHERE id = ? AND released_at IS NULL", (expires_at, lease_id))
+
     def release_leases_named(self, vm_name: str) -> None:
         self.db.execute(
             "UPDATE leases SET released_at = ? WHERE vm_name = ? AND released_at IS NULL", (time.time(), vm_name)

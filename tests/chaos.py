@@ -27,6 +27,9 @@ the moment; the local backend boots the golden image under QEMU):
                               VMs and templates (tests/chaos_plant.py); none may be touched by the run,
                               `lab gc` or `lab gc --force`
   kill-then-resume (long)     SIGKILL mid-workload, gc, `lab run --resume`: the run completes
+  pve-lease-outlives-run      (issue 35) a run on the PVE emulator longer than its lease (lease_minutes = 0.1): once
+                              its first lease ran out, `lab gc` of another machine and another store that has a run
+                              of the same id keeps its VM (renewed lease, another owner); nothing is left after
   host-disappears             (issue 17) a run on two lanes, local and the PVE emulator: the PVE host stops
                               answering once its clone starts; its lane ends with the reason, the local
                               lane measures its cell to the end, `lab gc` removes the clone once the host is back
@@ -67,6 +70,7 @@ import subnets  # noqa: E402
 from chaos_pve import (  # noqa: E402
     foreign_resources,
     host_disappears,
+    lease_outlives_run,
     pve_fault,
     pve_lock_on_teardown,
     pve_task_fails,
@@ -122,6 +126,7 @@ SHORT = [
     "pve-task-fails",
     "pve-lock-on-teardown",
     *PVE_SHORT,
+    "pve-lease-outlives-run",
     "libvirt-refuses-start",
     "foreign-resources",
     "host-disappears",
@@ -136,6 +141,7 @@ CONFIGS = {
         + ["pve-task-fails", "pve-template-locked", "pve-lock-on-teardown"]
         + PVE_SHORT
         + PVE_LONG
+        + ["pve-lease-outlives-run"]
         + SHORT[-3:],
         reps=4,
         seconds=3,
@@ -398,6 +404,7 @@ FAULTS = {
     "kill-with-client-vm": kill_with_client_vm,
     "foreign-resources": foreign_resources,
     "host-disappears": host_disappears,
+    "pve-lease-outlives-run": lease_outlives_run,
     **{name: (lambda sc, row, name=name: pve_fault(sc, row, name)) for name in PVE_SHORT + PVE_LONG},
 }
 

@@ -6,11 +6,15 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import subprocess
 import threading
+import time
 
 import chaos_plant
 import libvirt_daemons
 from chaos_scenario import (
+    LAB,
     URI,
     Row,
     Scenario,
@@ -30,6 +34,7 @@ from pve_emulator.fixtures import FULL_ACL, TEMPLATE_VMID, TOKEN_ID, TOKEN_SECRE
 
 from lab import images, statedir
 from lab.backends.local import host as local_host
+from lab.store import Store
 from lab.wait import wait_until
 
 # -- the PVE emulator ------------------------------------------------------------------------------
@@ -221,6 +226,77 @@ def host_disappears(sc: Scenario, row: Row) -> None:
 def cell_host(results, run_id: str, cell_id: str) -> str:
     rows = peek(results, "SELECT axes FROM cells WHERE run_id = ? AND cell_id = ?", (run_id, cell_id))
     return str(json.loads(rows[0][0]).get("host", "")) if rows else ""
+
+
+# -- a lease outliving a long run (issue 35) -------------------------------------------------------------
+
+LEASE_MINUTES = 0.1  # 6 s: renewed every 2 s while the run lives
+LEASE_RUN_ID = "chaoslease"
+
+
+def lease_outlives_run(sc: Scenario, row: Row) -> None:
+    """A run on the PVE emulator longer than its lease (lease_minutes = 0.1: its cell waits 20 s for
+    an sshd the bookkeeping emulator does not run), `--run-id chaoslease`. Once the lease it was
+    cloned with has run out, `lab gc` of another machine (a state directory of its own) and another
+    store, which has a finished run of the same id, looks at the cluster: it must keep the VM (its
+    lease renewed, its owner not that store's run). The run then ends by itself (its cell fails at
+    ssh, one line), `lab gc` removes nothing of another's, and nothing is left."""
+    with emulator(sc) as emu:
+        settings = {**PVE_SETTINGS, "ssh_timeout": 20}
+        sc.write(
+            hosts=pve_host(emu, settings),
+            matrix='host = ["pve"]\nnic = ["virtio"]',
+            lab=f"lease_minutes = {LEASE_MINUTES}",
+        )
+        elsewhere = sc.dir / "elsewhere"  # the other machine: its lab.toml, store and state directory
+        elsewhere.mkdir()
+        other_toml = elsewhere / "lab.toml"
+        other_toml.write_text(sc.toml.read_text().replace(str(sc.results), str(elsewhere / "results")))
+        other_state = statedir.ensure(elsewhere / "state")
+        other = Store(elsewhere / "results")
+        other.create_run(
+            LEASE_RUN_ID, "elsewhere", config_path="", config_text="", seed=1, lab_version="0", manifest={}
+        )
+        other.finish_run(LEASE_RUN_ID, "done")
+        other.close()
+        p = sc.start("--run-id", LEASE_RUN_ID)
+        try:
+            vms = wait_for("the run's VM", lambda: [v for v in emu.vm_ids() if emu.vms[v].config.get("description")], p)
+            first = expiry(emu, vms[0])
+            t0 = time.monotonic()
+            wait_for("its first lease to run out", lambda: time.monotonic() - t0 > LEASE_MINUTES * 60 + 2, p)
+            gc = subprocess.run(
+                [*LAB, "gc", "-c", str(other_toml)],
+                capture_output=True,
+                text=True,
+                timeout=300,
+                env={**os.environ, **sc.env, statedir.STATE_ENV: str(other_state)},
+                cwd=elsewhere,
+            )
+            row.injected = True
+            kept = vms[0] in emu.vm_ids()
+            renewed = expiry(emu, vms[0]) if kept else 0
+        finally:
+            row.exit_status = finish(p)
+        row.clear, line = one_line_exit(row.exit_status, sc.stderr(), sc.results)
+        if gc.returncode != 0 or "Traceback" in gc.stderr:
+            row.clear = False
+            row.notes.append(f"the other machine's lab gc: exit {gc.returncode}: {gc.stderr.strip().splitlines()[-1:]}")
+        if not kept or "keep   pve vm lab-chaoslease-c01 (lease not expired" not in gc.stdout:
+            row.clear = False
+            row.notes.append(f"the other machine's gc took the live run's VM: {gc.stdout.strip()!r}")
+        if not renewed > first:
+            row.clear = False
+            row.notes.append(f"the lease was not renewed ({first} then {renewed})")
+        row.message = f"kept by another machine's gc, lease renewed by {renewed - first:.0f} s; run: {line}"
+        gc_and_count(sc, row, set(), {LEASE_RUN_ID})
+
+
+def expiry(emu, vmid: int) -> int:
+    """The lab-expires line of a VM's description on the emulator (0 if none)."""
+    text = str(emu.vms[vmid].config.get("description") or "")
+    found = [line.split(":", 1)[1] for line in text.splitlines() if line.startswith("lab-expires:")]
+    return int(found[0]) if found else 0
 
 
 # -- what the lab did not make (issue 16) -------------------------------------------------------------

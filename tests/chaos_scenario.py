@@ -145,12 +145,15 @@ class Scenario:
         self.planted: chaos_plant.Planted | None = None
         self.libvirt_dir: Path | None = None
 
-    def write(self, *, hosts: str = "", matrix: str = 'nic = ["virtio"]', reps: int | None = None) -> None:
+    def write(
+        self, *, hosts: str = "", matrix: str = 'nic = ["virtio"]', reps: int | None = None, lab: str = ""
+    ) -> None:
         self.toml.write_text(
             textwrap.dedent(f"""
             [lab]
             name = "chaos-{self.name}"
             results = "{self.results}"
+            {lab}
 
             [hosts.local]
             backend = "local"

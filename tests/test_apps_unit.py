@@ -297,9 +297,12 @@ def test_container_start_commands_cover_every_combination():
     load = dict(cmds)
     crun_host = load["crun-host-persistent"]
     assert (
-        "hyperfine -N --style none --runs 3 --warmup 1 --export-json /var/tmp/lab-hyperfine.json "
+        'hyperfine -N --style none --runs 3 --warmup 1 --export-json "$d/out.json" '
         "'podman run --rm --runtime=crun --network=host localhost/lab-base:latest true'"
     ) in crun_host
+    # its JSON goes to a fresh private directory, never a fixed path (the bare-metal host's /var/tmp)
+    assert crun_host.startswith('(d=$(mktemp -d "${LAB_SCRATCH:-/var/tmp}/lab-hyperfine.XXXXXX") || exit 1;')
+    assert "/var/tmp/lab-hyperfine.json" not in crun_host
     assert (
         "'podman --transient-store run --rm --runtime=runc localhost/lab-base:latest true'"
         in load["runc-default-transient"]

@@ -112,6 +112,13 @@ CASES = [
     ("run-token-env-empty", ["run"], 'names no variable after "env:"', "pve-env-empty"),
     ("plan-token-file-empty", ["plan"], 'names no file after "file:"', "pve-file-empty"),
     ("run-secret-file-relative-to-lab-toml", ["run", "-c", "sub/lab.toml"], "sub/pve.token", "pve-file-relative"),
+    # issue 35: a special file where the secret's regular file is meant: never read (a FIFO would
+    # hang the run, /dev/zero never end it)
+    ("run-secret-file-device", ["run"], "/dev/zero: is a character device", "pve-file-device"),
+    ("run-secret-file-directory", ["run"], "is a directory", "pve-file-directory"),
+    ("run-secret-file-fifo", ["run"], "is a FIFO (named pipe)", "pve-file-fifo"),
+    ("snapshot-secret-file-fifo", ["snapshot", "pve1"], "is a FIFO (named pipe)", "pve-file-fifo"),
+    ("run-secret-file-unknown-user", ["run"], "~nosuchuser-lab/t", "pve-file-unknown-user"),
     pytest.param(
         "run-workdir-group-writable",
         ["run"],
@@ -187,7 +194,13 @@ def _write(tmp_path: Path, workdir: Path, variant: str, port: int) -> dict:
         )
         return env
     else:
+        if variant == "pve-file-fifo":
+            os.mkfifo(tmp_path / "pve.fifo")
         token = {
+            "pve-file-device": "file:/dev/zero",
+            "pve-file-directory": f"file:{tmp_path}",
+            "pve-file-fifo": f"file:{tmp_path / 'pve.fifo'}",
+            "pve-file-unknown-user": "file:~nosuchuser-lab/t",
             "pve-env": "env:LAB_TEST_UNSET_TOKEN",
             "pve-file": f"file:{tmp_path}/no-such-token",
             "pve-closed": "env:LAB_TEST_PVE_TOKEN",

@@ -745,7 +745,7 @@ def test_a_backend_without_publish_image_is_one_line_exit_2(tmp_path, monkeypatc
     class Plain(Backend):  # a backend that cannot publish: Backend.publish_image says so
         name = "plain"
         capabilities = check = facts = open_run = close_run = run_is_live = None  # type: ignore
-        clone = start = wait_ready = destroy = list_owned = remove_owned = None  # type: ignore
+        clone = start = wait_ready = destroy = list_owned = remove_owned = renew_lease = None  # type: ignore
 
     Plain.__abstractmethods__ = frozenset()
     monkeypatch.setattr(

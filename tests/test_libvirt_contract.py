@@ -562,3 +562,29 @@ def test_run_lock_tells_live_dead_and_unknown_runs(tmp_path, run_id):
     assert any(line.startswith(f"keep   t vm {vm.name}") for line in report.lines)
     report = gc_mod.collect(cfg, hosts=["t"], backends={"t": b}, force=True)
     assert f"removed t vm {vm.name}" in report.lines
+
+
+def test_a_domain_carries_its_owner_and_its_lease_is_renewed_live_and_persistent(tmp_path, golden_qcow2, run_id):
+    """Issue 35: the lease in <metadata> names the run's owner, and the run moves its expiry while
+    the domain stands, in its persistent definition as well as the running one."""
+    b = qemu_backend(tmp_path)
+    b.check()
+    spec = spec_for(golden_qcow2, run_id, ip="10.78.9.11", owner="abcdefabcdef-0123456789ab")
+    vm = b.clone(golden_qcow2, spec)
+    try:
+        b.renew_lease(vm, spec.expires_at + 1000)  # defined, not started: its definition
+        dom = b.connection.get().lookupByName(spec.name)
+        assert int(read_lease(dom)["expires"]) == int(spec.expires_at) + 1000
+        b.start(vm)
+        b.renew_lease(vm, spec.expires_at + 2000)
+        lease = read_lease(dom)
+        assert int(lease["expires"]) == int(spec.expires_at) + 2000 and lease["run"] == run_id
+        inactive = ET.fromstring(dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE))
+        stored = inactive.find("metadata/{https://lab.invalid/lease}lease")
+        assert int(stored.get("expires")) == int(spec.expires_at) + 2000
+        (owned,) = [o for o in b.list_owned() if o.run_id == run_id and o.kind == "vm"]
+        assert owned.owner == "abcdefabcdef-0123456789ab" and owned.expires_at == int(spec.expires_at) + 2000
+    finally:
+        b.destroy(vm)
+    with pytest.raises(BackendError, match="is gone"):
+        b.renew_lease(vm, spec.expires_at)

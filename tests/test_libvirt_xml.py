@@ -72,7 +72,11 @@ def host(name: str, **table) -> LibvirtBackend:
 
 def bhyve(firmware: str = "uefi", **extra) -> LibvirtBackend:
     return host(
-        "bsd1", uri="bhyve+ssh://root@bsd1/system", dataset="zroot/lab", firmware=firmware, bridge="bridge0", **extra
+        "bsd1",
+        uri="bhyve+ssh://root@bsd1/system",
+        dataset="zroot/lab",
+        firmware=firmware,
+        **{"bridge": "bridge0", **extra},
     )
 
 
@@ -295,7 +299,7 @@ def test_bhyve_xml_has_the_drivers_shape(firmware, nic, bus, vcpus, vocabulary):
 
 
 def test_bhyve_network_interface_and_loader_settings():
-    b = bhyve(network="labnet", loader="/boot/BHYVE_UEFI_CSM.fd")
+    b = bhyve(network="labnet", bridge=None, loader="/boot/BHYVE_UEFI_CSM.fd")
     root = ET.fromstring(b.domain_xml(spec(mac="58:9C:FC:00:00:01"), vm_uuid=UUID))
     iface = root.find("devices/interface")
     assert iface.get("type") == "network" and iface.find("source").attrib == {"network": "labnet"}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 import threading
@@ -27,6 +28,7 @@ from pve_emulator.fixtures import (  # noqa: F401  (fixtures)
 
 from lab.backends import backend_class
 from lab.backends.proxmox import ProxmoxBackend
+from lab.backends.proxmox.ownership import parse_description
 from lab.errors import (
     AuthError,
     BackendError,
@@ -450,7 +452,8 @@ def test_secret_references_are_resolved(pve, monkeypatch, tmp_path, pve_env):
 
 
 def test_failed_configure_leaves_nothing(pve, pve_env):
-    b = ProxmoxBackend("pve1", backend_settings(pve, cpu_type="not a cpu!"), pve_env)
+    # lab.toml refuses such a CPU type (lab.backends.fields); a host that refuses a value is made so
+    b = ProxmoxBackend("pve1", backend_settings(pve).model_copy(update={"cpu_type": "not a cpu!"}), pve_env)
     with pytest.raises(BackendError, match=r"config of VM \d+ failed: 400 Parameter verification failed. cpu: "):
         b.clone(IMAGE, spec())
     assert pve.vm_ids() == []
@@ -583,3 +586,19 @@ def test_host_facts_come_from_the_node_status(pve, pve_env):
     facts = ProxmoxBackend("pve1", backend_settings(pve, nodes=["pve1", "pve2"]), pve_env).host_facts()
     assert facts["cpu_model"] == pve.cpu_model
     assert facts["node_facts"] == {"pve2": {"error": "node pve2 cannot be reached: HTTP 595 No route to host"}}
+
+
+def test_a_live_vms_lease_is_renewed_in_its_description(pve, pve_env):
+    """Issue 35: the description names the run's owner, and the run rewrites its lab-expires while
+    the VM stands; gc reads both back."""
+    b = ProxmoxBackend("pve1", backend_settings(pve), pve_env)
+    owner = "abcdefabcdef-0123456789ab"
+    vm = b.clone(IMAGE, dataclasses.replace(spec(), owner=owner))
+    try:
+        b.renew_lease(vm, 1_950_000_000.7)
+        meta = parse_description(pve.vms[vm.handle["vmid"]].config["description"])
+        assert meta["lab-expires"] == "1950000000" and meta["lab-owner"] == owner and meta["lab-run-id"] == "r1"
+        (owned,) = [o for o in b.list_owned() if o.kind == "vm"]
+        assert (owned.expires_at, owned.owner) == (1_950_000_000.0, owner)
+    finally:
+        b.destroy(vm)

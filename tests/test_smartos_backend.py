@@ -22,7 +22,16 @@ from smartos_emulator.fixtures import skip_unless_emulator_can_run
 from lab import proc
 from lab.backends.smartos import SmartosBackend
 from lab.backends.smartos.globalzone import ConnectionLost
-from lab.errors import AuthError, BackendError, ConfigError, SettingError, TeardownError, UnreachableError, UsageError
+from lab.errors import (
+    AuthError,
+    BackendError,
+    ConfigError,
+    LabError,
+    SettingError,
+    TeardownError,
+    UnreachableError,
+    UsageError,
+)
 from lab.model import ImageRef, NicModel, Owned, VmSpec
 
 FOREIGN_ZONE_IMAGE = "0d1b5a3e-7f7b-4f35-9d1e-2b6f6a7e8c91"
@@ -449,3 +458,20 @@ def test_a_zone_for_the_isolation_axis(smartos, tmp_path):
     b.destroy(zone)
     assert smartos.vms() == {}
     del smartos.gz.imgadm.images[FOREIGN_ZONE_IMAGE]
+
+
+def test_a_live_vms_lease_is_renewed_with_vmadm_update(published, smartos, image):
+    """Issue 35: the lease in customer_metadata names the run's owner, and `vmadm update`'s
+    set_customer_metadata moves its expiry while the VM stands; gc reads both back."""
+    owner = "abcdefabcdef-0123456789ab"
+    vm = published.clone(image, dataclasses.replace(spec(image), owner=owner))
+    try:
+        published.renew_lease(vm, 1_950_000_000.4)
+        meta = smartos.vms()[vm.handle["uuid"]]["customer_metadata"]
+        assert meta["lab:expires"] == "1950000000" and meta["lab:owner"] == owner and meta["lab:managed"] == "true"
+        (owned,) = [o for o in published.list_owned() if o.kind == "vm"]
+        assert (owned.expires_at, owned.owner) == (1_950_000_000.0, owner)
+    finally:
+        published.destroy(vm)
+    with pytest.raises(LabError, match="vmadm update"):
+        published.renew_lease(vm, 1_960_000_000.0)  # gone: the run warns and goes on

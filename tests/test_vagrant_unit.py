@@ -20,7 +20,7 @@ from pydantic import ValidationError
 import lab
 from lab import backends, proc, reproduce
 from lab.backends.base import check_spec
-from lab.backends.vagrant import backend as vb, box
+from lab.backends.vagrant import backend as vb, box, lease as vlease
 from lab.backends.vagrant.settings import Settings
 from lab.backends.vagrant.tools import (
     machine_readable,
@@ -589,12 +589,12 @@ class FakeVagrant:
 
 
 def test_gc_lists_only_what_carries_the_marker_and_removes_it(tmp_path, monkeypatch):
-    monkeypatch.setattr(vb, "RUN_LOCK_DIR", tmp_path / "locks")
-    (tmp_path / "locks").mkdir()
-    backend = vb.VagrantBackend("vg", Settings(backend="vagrant", workdir=str(tmp_path / "work")))
+    (tmp_path / "locks").mkdir(mode=0o700)
+    env = replace(backends.default_env(), state_dir=tmp_path / "locks")
+    backend = vb.VagrantBackend("vg", Settings(backend="vagrant", workdir=str(tmp_path / "work")), env)
     mdir = tmp_path / "work" / "r1" / "lab-r1-c01"
     mdir.mkdir(parents=True)
-    (mdir / vb.LEASE_FILE).write_text(json.dumps({"run": "r1", "cell": "c01", "expires": 5.0}))
+    vlease.write_lease(mdir, {"run": "r1", "cell": "c01", "expires": 5.0, "domain": "lab-r1-c01"})
     (mdir / "Vagrantfile").write_text("")
     (tmp_path / "work" / "r1" / "network.xml").write_text("<network/>")
     (tmp_path / "locks" / "vagrant-vg@r1.lock").write_text("")  # its run died: nobody holds it

@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-from lab import clients, images, statedir
+from lab import clients, images, paths
+from lab.backends import fields
 from lab.errors import SettingError, UsageError
 from lab.hostload import LoadWindow, UnknownWindow
 from lab.model import MADE_BY_HOST, Client, CloneKind, DiskBus, ImageRef, Isolation, NicModel, Owned, Vm, VmSpec
@@ -79,19 +80,45 @@ class HostSettings(BaseModel):
         if not v:
             return v
         try:
-            path = statedir.expand_user(v)
+            paths.expand(v)
         except ValueError:  # no home to expand ~ to: an error only where the key is used
             if clients.ssh_target(info.data.get("client", "")) is None:
                 return v
             raise
-        if not path.is_absolute():  # relative to lab.toml's folder (lab.config passes it)
-            path = Path((info.context or {}).get("base_dir") or Path.cwd()) / path
-        if info.field_name == "client_identity" and not path.is_file():
-            raise ValueError(f"no such file: {path} (the private key to log in to the client machine with)")
-        return str(path)
+        if info.field_name == "client_identity":
+            return fields.regular_file(v, info, "the private key to log in to the client machine with")
+        # missing: `lab run` says so as it logs in; never a FIFO or a directory in its place
+        return fields.regular_file(v, info, "the client machine's host key is checked against it", must_exist=False)
+
+    @field_validator("client_machine_address")
+    @classmethod
+    def _client_address(cls, v: str) -> str:
+        return fields.host(v)
+
+    # Keys several backends have, each validated once here for every backend that has it
+    # (check_fields=False: a backend without the key is fine); lab.backends.fields says why.
+    @field_validator("gateway", "client_address", check_fields=False)
+    @classmethod
+    def _ip_address(cls, v: str | None) -> str | None:
+        return v if v is None else fields.ip_address(v)
+
+    @field_validator("client_netns", check_fields=False)
+    @classmethod
+    def _netns(cls, v: str) -> str:
+        return fields.netns(v)
+
+    @field_validator("bridge", check_fields=False)
+    @classmethod
+    def _bridge(cls, v: str | None) -> str | None:
+        return fields.bridge(v)
 
     def problems(self) -> list[tuple[str, object, str]]:
         """Checks across keys: (key, value, problem) for each, first one reported."""
+        return []
+
+    def warnings(self) -> list[tuple[str, object, str]]:
+        """(key, value, why) of settings that work but give up something the lab otherwise keeps (TLS
+        checks): said in one line each by `lab plan` and `lab run`."""
         return []
 
     def client_problems(self) -> list[tuple[str, object, str]]:
@@ -311,6 +338,13 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def destroy(self, vm: Vm) -> None:
         """Stop and remove everything clone() and start() made. Idempotent. Raises TeardownError."""
+
+    @abc.abstractmethod
+    def renew_lease(self, vm: Vm, expires_at: float) -> None:
+        """Move the lease the machine carries on the host (its expiry; run, cell and owner as
+        written at clone) to `expires_at`: the run renews it while the machine stands
+        (lab.runner.renewal), so a gc that cannot ask this machine's locks never takes it for a
+        leftover. Raises LabError (the run warns and tries again)."""
 
     def console_text(self, vm: Vm) -> str:
         """What the guest printed on its serial console so far ("" where it cannot be read)."""

@@ -67,6 +67,8 @@ def _axis_text(a: axes.Axis, c: plan.Unit) -> str:
 def plan_cmd(config_path, check_hosts, as_json):
     """Show the matrix cells, what will be created, and an estimate of time."""
     cfg = config.load(config_path)
+    for text in check.setting_warnings(cfg):
+        warn("lab: warning: ", text)
     units = plan.units(cfg)
     dups = plan.equivalents(cfg, units)
     cells = [u for u in units if u.kind == "vm" and u.id not in dups]  # duplicates are not booted
@@ -292,6 +294,8 @@ def _host_watch(cfg) -> dict[str, str]:
 def run_cmd(config_path, run_id, resume, quiet):
     """Clone -> boot -> verify -> tune -> workloads -> destroy, cell by cell. Results are saved."""
     cfg = config.load(config_path)
+    for warning in check.setting_warnings(cfg):
+        warn("lab: warning: ", warning)
     text = Path(config_path).read_text()
     if run_id is not None and names.RUN_ID.problem(run_id):  # it names namespaces, VMs, lock files
         raise UsageError(f"--run-id {run_id!r}: {names.RUN_ID.problem(run_id)}")

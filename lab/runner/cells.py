@@ -60,6 +60,7 @@ def _life(
         round_no=round_no,
         cancel=ctx.cancel,
         lost_hosts=ctx.lost_hosts,
+        leases=ctx.leases,
     )
 
 
@@ -75,7 +76,7 @@ def run_cell(
     final: bool = True,
 ) -> str:
     expires = lease_expiry(ctx.cfg.lab.lease_minutes)
-    spec = plan.vm_spec(cell, image, run_id=ctx.run_id, expires_at=expires, place=ctx.place)
+    spec = plan.vm_spec(cell, image, run_id=ctx.run_id, expires_at=expires, place=ctx.place, owner=ctx.owner)
     life = _life(
         ctx,
         cell,

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import threading
 
-from lab import clients, statedir
+from lab import clients, paths, statedir
 from lab.backends import Backend
 from lab.errors import ConfigError, LabError, UnreachableError
 from lab.guest import Guest
@@ -51,12 +51,13 @@ def check(source: str, host: str, backend: Backend) -> None:
         known = statedir.expand_user(settings.client_known_hosts)
     except ValueError as exc:  # the default ~/.ssh/known_hosts of a user with no home
         raise ConfigError(source, f"hosts.{host}.client_known_hosts", settings.client_known_hosts, str(exc)) from None
-    if not known.is_file():
+    why = paths.not_regular(known)
+    if why:
         raise ConfigError(
             source,
             f"hosts.{host}.client_known_hosts",
             settings.client_known_hosts,
-            "no such file: the client machine's host key is checked against it",
+            f"{'no such file' if not known.exists() else why}: the client machine's host key is checked against it",
             hint=f"ssh -p {settings.client_port} {settings.client.removeprefix(clients.SSH_PREFIX)} once and "
             "check the key it shows, or name the file with client_known_hosts",
         )

@@ -20,7 +20,7 @@ from typing import Any
 
 from lab.backends import Backend
 from lab.errors import LabError
-from lab.lifecycle import lease_expiry, shielded
+from lab.lifecycle import LeaseKeeper, lease_expiry, shielded
 from lab.model import Client, ImageRef, NicModel, Vm, VmSpec
 from lab.store import Store
 
@@ -57,8 +57,18 @@ class ClientVms:
     """The run's client VMs, by host: made in a host's set-up (`open`, from any lane's thread),
     destroyed at the run's end (`close_all`), whatever happened in between."""
 
-    def __init__(self, store: Store, run_id: str, lease_minutes: int, hosts: list[str]):
+    def __init__(
+        self,
+        store: Store,
+        run_id: str,
+        lease_minutes: float,
+        hosts: list[str],
+        *,
+        owner: str = "",
+        leases: LeaseKeeper | None = None,
+    ):
         self.store, self.run_id, self.lease_minutes = store, run_id, lease_minutes
+        self.owner, self.leases = owner, leases  # whose it is (lab.lease); who renews its lease
         self.index = {h: i for i, h in enumerate(hosts, start=1)}
         self.made: dict[str, Made] = {}
         self.failures: list[str] = []  # destroys that failed (their leases stay for `lab gc`)
@@ -76,6 +86,7 @@ class ClientVms:
             vcpus=vcpus,
             memory_mib=memory_mib,
             expires_at=expires_at,
+            owner=self.owner,
             labels={"run": self.run_id, "cell": cell_id},
         )
 
@@ -89,6 +100,8 @@ class ClientVms:
             self.made[host] = made
         try:
             made.vm = backend.clone(image, spec)
+            if self.leases is not None:
+                self.leases.track(backend, made.vm, made.lease_id)
             backend.start(made.vm)
             address = backend.wait_ready(made.vm)
             made.guest = backend.guest(made.vm, base)
@@ -107,6 +120,8 @@ class ClientVms:
             return []
         if made.guest is not None:
             made.guest.close()
+        if self.leases is not None:
+            self.leases.untrack(made.lease_id)
         if made.vm is not None:
             try:
                 made.backend.destroy(made.vm)

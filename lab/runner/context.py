@@ -15,7 +15,7 @@ from typing import Any
 from lab import schedule
 from lab.backends import Backend
 from lab.labconfig import LabConfig
-from lab.lifecycle import Reporter
+from lab.lifecycle import LeaseKeeper, Reporter
 from lab.model import Client
 from lab.store import Store
 from lab.workloads import load_all
@@ -52,6 +52,10 @@ class RunContext:
     client_locks: dict[str, threading.Lock] = field(default_factory=lambda: {"local": threading.Lock()})
     # The place on its host (Capabilities.places, e.g. a PVE node) this lane's VMs are pinned to; "" none
     place: str = ""
+    # whose machines this attempt makes (lab.lease), written in every lease
+    owner: str = ""
+    # renews the leases of the machines that stand (lab.runner.renewal); None: not renewed
+    leases: LeaseKeeper | None = None
 
 
 def workload_params(cfg: LabConfig, name: str) -> dict[str, Any]:

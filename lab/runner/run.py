@@ -31,7 +31,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from lab import __version__, check, clients, estimate, gc, hostinfo, images, plan, schedule, statedir
+from lab import __version__, check, clients, estimate, gc, hostinfo, images, lease, plan, schedule, statedir
 from lab.backends import Backend, host_lanes
 from lab.errors import LabError, SettingError, TeardownError, UsageError
 from lab.labconfig import LabConfig
@@ -42,6 +42,7 @@ from lab.runner import clientssh, lanes
 from lab.runner.cells import run_unit
 from lab.runner.clientvm import ClientVms
 from lab.runner.context import RunContext, workload_params
+from lab.runner.renewal import Renewal
 from lab.store import Store
 
 
@@ -65,7 +66,8 @@ def prepare(cfg: LabConfig) -> tuple[list[plan.Unit], dict[str, ImageRef], dict[
     """Everything that can fail before anything is created: cells, images, backends' checks."""
     cells = plan.units(cfg)
     # The run's locks (and the local backend's default workdir) live in the state directory: one
-    # that cannot be had (someone else's, no home to put it in) is said now, with nothing made.
+    # that cannot be had (someone else's, no home to put it in) is said now, with nothing made; a
+    # run's leases name its tag (lab.lease).
     statedir.check(cfg.backend_env().state_dir)
     # Secrets and hosts first: a wrong token or an unreachable host is the first thing to fix.
     backends = cfg.open_backends({c.host for c in cells})
@@ -118,7 +120,7 @@ def run_lab(
 ) -> str:
     reporter = reporter or SilentReporter()
     cells, imgs, backends = prepared or prepare(cfg)
-    manifest = {
+    manifest: dict[str, Any] = {
         "images": {
             n: {"digest": i.digest, "sha256": i.sha256, "tools": i.manifest.get("tools", {})} for n, i in imgs.items()
         },
@@ -126,16 +128,32 @@ def run_lab(
     }
     if resume:
         run_id, seed, todo = resumable(store, resume, cells, manifest)
+        earlier = gc.run_owners(store.run(run_id).manifest)
     else:
         run_id = run_id or new_run_id()
         seed = cfg.suite.seed if cfg.suite.seed is not None else random.SystemRandom().randrange(2**31)
+        earlier = set()
+    # whose this attempt's machines are (lab.lease): every attempt's owner stays in the manifest
+    owner = lease.new_owner(statedir.default_dir())
+    manifest["owners"] = [*sorted(earlier), owner]
     # Held for the run's whole life (released after its status is final): `lab gc` tells a run
     # killed with -9 (still "running" in the store) from a live one, and marks it failed.
     run_lock = RunLock(run_lock_path(store.dir, run_id))
     run_lock.acquire(what=f"the lock of run {run_id} in {store.dir} (is another `lab run` on it?)")
     try:
         return _run_locked(
-            cfg, store, reporter, run_id, seed, cells, imgs, backends, manifest, config_text, todo if resume else None
+            cfg,
+            store,
+            reporter,
+            run_id,
+            seed,
+            cells,
+            imgs,
+            backends,
+            manifest,
+            config_text,
+            todo if resume else None,
+            owner,
         )
     finally:
         run_lock.release()
@@ -153,6 +171,7 @@ def _run_locked(
     manifest: dict[str, Any],
     config_text: str,
     todo: set[str] | None,
+    owner: str,
 ) -> str:
     ordered = plan.order(cells, cfg.suite.order, seed)
     manifest["order"] = [c.id for c in ordered]
@@ -165,6 +184,8 @@ def _run_locked(
         for c in ordered:
             store.reset_cell(run_id, c.id)
         store.reopen_run(run_id)
+        # this attempt's owner, before it makes anything: `lab gc` of this store knows its machines
+        store.update_manifest(run_id, {**store.run(run_id).manifest, "owners": manifest["owners"]})
     else:
         store.create_run(
             run_id,
@@ -186,8 +207,9 @@ def _run_locked(
     for e in swept.errors:
         reporter.warn(f"could not sweep: {e}")
     dups = plan.equivalents(cfg, cells)
-    ctx = RunContext(cfg, store, run_id, reporter, backends, duplicates=dups, seed=seed)
-    client_vms = ClientVms(store, run_id, cfg.lab.lease_minutes, list(cfg.matrix.host))
+    renewal = Renewal(store, cfg.lab.lease_minutes, reporter.warn)
+    ctx = RunContext(cfg, store, run_id, reporter, backends, duplicates=dups, seed=seed, owner=owner, leases=renewal)
+    client_vms = ClientVms(store, run_id, cfg.lab.lease_minutes, list(cfg.matrix.host), owner=owner, leases=renewal)
     client_machines = clientssh.SshClients()
     for host in backends:  # every client's lock exists before the lanes start
         ctx.client_locks.setdefault(clients.turn_key(host, cfg.hosts[host].client), threading.Lock())
@@ -231,6 +253,7 @@ def _run_locked(
                 run_unit(ctx, cell, imgs, pos, len(units))
                 lanes.check_host(ctx, cell)
 
+    renewal.start()
     try:
         if len(by_lane) > 1:
             lanes.run_lanes(ctx, by_lane, open_host, run_lane)
@@ -256,6 +279,7 @@ def _run_locked(
     finally:
         with shielded():
             ctx.teardown_failures += client_vms.close_all()  # after the cells, before the hosts' run set-up
+            renewal.stop()  # every machine is gone (or left to `lab gc` with the lease it has)
             client_machines.close_all()
             for host, backend in backends.items():
                 try:

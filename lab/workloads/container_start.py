@@ -38,7 +38,10 @@ from lab.workloads.toolkit import (
 NETWORKS = ("default", "host", "none")
 STORES = ("persistent", "transient")
 RUNTIMES = ("crun", "runc", "ocijail")
-JSON_PATH = "/var/tmp/lab-hyperfine.json"
+# Each measurement writes hyperfine's JSON in a directory of its own, made by mktemp (a fresh name,
+# mode 0700): never a fixed path another user of the machine (the bare-metal cell's host) could
+# plant a symbolic link at. $LAB_SCRATCH is the bare-metal cell's private directory; a guest's /var/tmp.
+SCRATCH = 'd=$(mktemp -d "${LAB_SCRATCH:-/var/tmp}/lab-hyperfine.XXXXXX") || exit 1'
 
 
 def start_argv(runtime: str, network: str, store: str, image: str = containers.BASE_IMAGE) -> list[str]:
@@ -47,23 +50,11 @@ def start_argv(runtime: str, network: str, store: str, image: str = containers.B
 
 def hyperfine_load(command: list[str], runs: int, warmup: int) -> str:
     """hyperfine without a shell (-N) exporting JSON, which the load then prints."""
-    argv = [
-        "hyperfine",
-        "-N",
-        "--style",
-        "none",
-        "--runs",
-        str(runs),
-        "--warmup",
-        str(warmup),
-        "--export-json",
-        JSON_PATH,
-        shlex.join(command),
-    ]
+    argv = ["hyperfine", "-N", "--style", "none", "--runs", str(runs), "--warmup", str(warmup)]
     return (
-        f"(rm -f {JSON_PATH}; {shlex.join(argv)} >/dev/null 2>/var/tmp/lab-hyperfine.err; rc=$?; "
-        f"if [ -s {JSON_PATH} ]; then cat {JSON_PATH}; else cat /var/tmp/lab-hyperfine.err; fi; "
-        f"rm -f {JSON_PATH} /var/tmp/lab-hyperfine.err; exit $rc)"
+        f'({SCRATCH}; {shlex.join(argv)} --export-json "$d/out.json" {shlex.quote(shlex.join(command))} '
+        '>/dev/null 2>"$d/err"; rc=$?; '
+        'if [ -s "$d/out.json" ]; then cat "$d/out.json"; else cat "$d/err"; fi; rm -rf "$d"; exit $rc)'
     )
 
 

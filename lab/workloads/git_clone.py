@@ -44,7 +44,7 @@ from lab.workloads.toolkit import (
 def clone_load(url: str) -> str:
     """The guest-side load (POSIX sh, in a subshell so its exit does not end the CPU script)."""
     return (
-        "(d=$(mktemp -d /var/tmp/lab-clone.XXXXXX) || exit 1; "
+        '(d=$(mktemp -d "${LAB_SCRATCH:-/var/tmp}/lab-clone.XXXXXX") || exit 1; '
         f'{containers.TIMER} git clone -q {shlex.quote(url)} "$d/r" 2>&1; rc=$?; '
         'if [ $rc -eq 0 ]; then echo "pack_bytes $(cat "$d"/r/.git/objects/pack/*.pack | wc -c)"; fi; '
         'rm -rf "$d"; exit $rc)'

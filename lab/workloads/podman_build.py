@@ -33,7 +33,12 @@ from lab.workloads.cpu import cpu_samples, run_guest_load
 from lab.workloads.toolkit import SegmentLog, choices, effective_params, first_line, int_param, split_segments
 
 STEPS = ("from", "packages", "clone", "make", "install", "copy", "extra")
-CONTEXT_DIR = "/var/tmp/lab-build"
+# The build context: a directory of its own per cell, made by mktemp in the guest (a fresh name, mode
+# 0700), never a fixed path: on the bare-metal cell the "guest" is this machine, whose /var/tmp any
+# local user may write to (a symbolic link planted at a fixed name would take root's writes
+# elsewhere). $LAB_SCRATCH is the bare-metal cell's private directory; a guest's /var/tmp.
+MAKE_CONTEXT = 'mktemp -d "${LAB_SCRATCH:-/var/tmp}/lab-build.XXXXXX"'
+CONTEXT_DIR = "/var/tmp/lab-build.XXXXXX"  # what the commands show before prepare() made the real one
 BUILD_TAG = "localhost/lab-build:latest"
 START, RC = "@@lab-build-start@@", re.compile(r"^@@lab-build-rc=(-?\d+)@@$")
 EXTRA_C = (
@@ -75,8 +80,8 @@ def stamper(os_name: str) -> str:
     return "sh -c " + shlex.quote('while IFS= read -r l; do printf "%s %s\\n" "$(date +%s)" "$l"; done')
 
 
-def build_load(os_name: str, engine: str, network: str) -> str:
-    """The guest-side load: build in CONTEXT_DIR, stamped line by line, then remove the image."""
+def build_load(os_name: str, engine: str, network: str, context: str = CONTEXT_DIR) -> str:
+    """The guest-side load: build in `context`, stamped line by line, then remove the image."""
     argv = [engine, "build"]
     if engine == "podman":
         argv += ["--pull=never"]
@@ -89,7 +94,7 @@ def build_load(os_name: str, engine: str, network: str) -> str:
     if engine == "podman":
         cleanup += "podman image prune -f >/dev/null 2>&1; "
     return (
-        f'(cd {CONTEXT_DIR} && {{ echo {START}; {env}{shlex.join(argv)} 2>&1; echo "@@lab-build-rc=$?@@"; '
+        f'(cd {shlex.quote(context)} && {{ echo {START}; {env}{shlex.join(argv)} 2>&1; echo "@@lab-build-rc=$?@@"; '
         f"{cleanup}}} | {stamper(os_name)})"
     )
 
@@ -192,7 +197,8 @@ class PodmanBuild:
         return [(f"{e}-{n}", e, n) for e in p["engines"] for n in p["network"]]
 
     def commands(self, ctx: WorkloadContext) -> list[tuple[str, str]]:
-        return [(tag, build_load(ctx.os, e, n)) for tag, e, n in self.plan(ctx)]
+        context = ctx.facts.get("context_dir", CONTEXT_DIR)
+        return [(tag, build_load(ctx.os, e, n, context)) for tag, e, n in self.plan(ctx)]
 
     def prepare(self, ctx: WorkloadContext) -> None:
         p = self.params(ctx)
@@ -207,9 +213,12 @@ class PodmanBuild:
         ctx.facts["engines"] = have
         ctx.facts["repo"] = gitrepo.ensure(gitrepo.check_shape(self.name, p))
         url = gitrepo.url(ctx.client.address, p["port"])
-        ctx.guest.run(f"mkdir -p {CONTEXT_DIR}", timeout=30)
-        ctx.guest.put_text(containerfile(ctx.os, url), f"{CONTEXT_DIR}/Containerfile")
-        ctx.guest.put_text(EXTRA_C, f"{CONTEXT_DIR}/extra.c")
+        context = ctx.guest.run(MAKE_CONTEXT, timeout=30).stdout.strip()
+        if not re.fullmatch(r"/[A-Za-z0-9_./-]+", context):
+            raise LabError(f"{self.name}: mktemp gave no directory for the build context: {context!r}")
+        ctx.facts["context_dir"] = context
+        ctx.guest.put_text(containerfile(ctx.os, url), f"{context}/Containerfile")
+        ctx.guest.put_text(EXTRA_C, f"{context}/extra.c")
 
     def run(self, ctx: WorkloadContext, repetition: int) -> RawOutput:
         p = self.params(ctx)
@@ -221,7 +230,7 @@ class PodmanBuild:
             if not ctx.facts["engines"].get(engine):
                 log.extra[f"na.{tag}"] = ctx.facts["engines_missing"][engine]
                 continue
-            load = build_load(ctx.os, engine, network)
+            load = build_load(ctx.os, engine, network, ctx.facts["context_dir"])
             with gitrepo.serve(ctx, repo, p["port"], self.name) as server:
                 r = run_guest_load(ctx, self.name, load, timeout=p["timeout"] + 300)
                 log.extra[f"server_log.{tag}"] = server.log()

@@ -22,6 +22,7 @@ JOURNAL: list[tuple[str, str]] = []  # (event, name): open_run, clone, start, de
 LIVE: dict[str, Vm] = {}  # name -> what is still made
 GUESTS: dict[str, FakeGuest] = {}  # name -> its last guest
 PLACED: dict[str, str] = {}  # name -> the place its spec pinned it to (Capabilities.places)
+EXPIRES: dict[str, float] = {}  # name -> its lease's expiry, as renew_lease last moved it
 
 
 def reset() -> None:
@@ -29,6 +30,7 @@ def reset() -> None:
     LIVE.clear()
     GUESTS.clear()
     PLACED.clear()
+    EXPIRES.clear()
 
 
 @dataclass
@@ -223,9 +225,25 @@ class FakeBackend(Backend):
     def remove_warm(self, item: Owned) -> None:
         JOURNAL.append(("remove_warm", item.name))
 
+    def renew_lease(self, vm: Vm, expires_at: float) -> None:
+        name = vm.handle["name"]
+        if name not in LIVE:
+            raise LabError(f"{name} is gone: its lease cannot be renewed (fake)")
+        if self.settings.renew_fails:  # type: ignore[attr-defined]
+            raise LabError(f"{name}: the host refused the new lease (fake)")
+        EXPIRES[name] = expires_at
+        JOURNAL.append(("renew", name))
+
     def list_owned(self) -> list[Owned]:
         found = [
-            Owned(self.name, "vm", name, vm.spec.run_id if vm.spec else name.split("-")[1])
+            Owned(
+                self.name,
+                "vm",
+                name,
+                vm.spec.run_id if vm.spec else name.split("-")[1],
+                EXPIRES.get(name, vm.spec.expires_at if vm.spec else 0.0),
+                owner=vm.spec.owner if vm.spec else "",
+            )
             for name, vm in sorted(LIVE.items())
         ]
         if self.settings.unlisted:  # type: ignore[attr-defined]

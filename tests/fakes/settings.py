@@ -35,6 +35,7 @@ class Settings(HostSettings):
     lost: str = ""
     boot_s: float = 0.0  # how long each boot takes in wall time (a slow or hanging host)
     places: list[str] = []  # parts of the host a VM can be pinned to (Capabilities.places), as a cluster's nodes
+    renew_fails: bool = False  # renew_lease raises (the host refuses the new lease)
 
     def problems(self) -> list[tuple[str, object, str]]:
         stages = {"clone", "boot", "ssh", "verify", "tune", "workloads", "teardown"}

@@ -239,6 +239,39 @@ class Vmadm:
         io.err(f"Successfully created VM {uuid}\n")
         return 0
 
+    # -- update -------------------------------------------------------------------------------------
+    # vmadm(8) "update": the metadata keys are changed through set_/remove_customer_metadata (a
+    # payload's customer_metadata would replace the whole object). Only those two are emulated:
+    # anything else is refused by name, never silently ignored.
+    UPDATE_KEYS = ("set_customer_metadata", "remove_customer_metadata")
+
+    def cmd_update(self, rest: list[str], io: Io) -> int:
+        if not rest or rest[0].startswith("-"):
+            raise VmadmError("Usage: vmadm update <uuid> [-f <filename>]", 2)
+        uuid, rest = rest[0], rest[1:]
+        payload = self._payload(rest, io, f"update VM {uuid}")
+        if not isinstance(payload, dict):
+            raise VmadmError(f"Failed to update VM {uuid}: the payload is not an object")
+        unknown = sorted(set(payload) - set(self.UPDATE_KEYS))
+        if unknown:
+            raise VmadmError(f"Failed to update VM {uuid}: the emulator does not update {', '.join(unknown)}")
+        sets = payload.get("set_customer_metadata", {})
+        removes = payload.get("remove_customer_metadata", [])
+        if not isinstance(sets, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in sets.items()):
+            raise VmadmError(f"Failed to update VM {uuid}: set_customer_metadata must map strings to strings")
+        if not isinstance(removes, list) or not all(isinstance(k, str) for k in removes):
+            raise VmadmError(f"Failed to update VM {uuid}: remove_customer_metadata must list keys")
+        vm = self.record(uuid, "update")
+        with vm.lock:
+            if vm.state in ("provisioning", "failed"):
+                raise VmadmError(f"Failed to update VM {uuid}: VM is {vm.state}")
+            meta = vm.obj.setdefault("customer_metadata", {})
+            meta.update(sets)
+            for key in removes:
+                meta.pop(key, None)
+        io.err(f"Successfully updated VM {uuid}\n")
+        return 0
+
     def _object(self, uuid: str, payload: dict[str, Any]) -> dict[str, Any]:
         brand = payload["brand"]
         zpool = payload.get("zpool", "zones")

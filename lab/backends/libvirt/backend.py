@@ -545,6 +545,12 @@ class LibvirtBackend(Backend):
         vm.address = addr
         return addr
 
+    def renew_lease(self, vm: Vm, expires_at: float) -> None:
+        dom = self.connection.lookup(vm.name)
+        if dom is None:
+            raise BackendError(f"domain {vm.name} is gone: its lease cannot be renewed")
+        domain.renew_lease(dom, expires_at)
+
     def destroy(self, vm: Vm) -> None:
         libvirt = libvirt_module()
         problems: list[str] = []

@@ -4,7 +4,7 @@ template per driver), how the host boots the image, and the lab lease the domain
 
     <lab:lease xmlns:lab="https://lab.invalid/lease" run="RUN" cell="CELL" expires="UNIX"
                host="HOST" ip="STATIC-IP" disk="zfs:POOL/DS/NAME | file:/PATH" console="PATH"
-               [warm="lab-warm-KEY"]/>
+               [owner="MACHINE-NONCE"] [warm="lab-warm-KEY"]/>
 
 so `lab gc` finds a domain (and its disk) even when the results store is gone. The lab's own
 namespace and a non-empty run id are what make a domain the lab's: nothing else is ever listed
@@ -22,9 +22,9 @@ import jinja2
 
 import lab
 from lab import images
-from lab.backends.libvirt.connection import error_code, libvirt_module
+from lab.backends.libvirt.connection import error_code, error_message, libvirt_module
 from lab.backends.libvirt.settings import Host
-from lab.errors import UsageError
+from lab.errors import BackendError, UsageError
 from lab.model import ImageRef, VmSpec
 
 LEASE_NS = "https://lab.invalid/lease"
@@ -114,6 +114,8 @@ def lease(host: Host, spec: VmSpec, placement: Placement, warm: str = "") -> dic
         "disk": placement.disk_ref,
         "console": placement.console,
     }
+    if spec.owner:
+        attrs["owner"] = spec.owner  # whose run made it (lab.lease)
     if warm:
         attrs["warm"] = warm  # the warm snapshot the disk stands on (it is kept while this domain exists)
     return attrs
@@ -216,3 +218,20 @@ def parse_lease(text: str) -> dict[str, str] | None:
     except ET.ParseError:
         return None
     return dict(el.attrib) if el.tag in ("lease", f"{{{LEASE_NS}}}lease") and el.get("run", "").strip() else None
+
+
+def renew_lease(dom: Any, expires_at: float) -> None:
+    """Move the lease in the domain's <metadata> to `expires_at` (its other attributes as they
+    are), in its persistent definition and, while it runs, its live one. LabError when the domain
+    carries no lab lease (any more) or libvirt refuses."""
+    libvirt = libvirt_module()
+    lease = read_lease(dom)
+    if lease is None:
+        raise BackendError("the domain carries no lab lease (any more): not renewed")
+    lease["expires"] = str(int(expires_at))
+    xml = ET.tostring(ET.Element("lease", lease), encoding="unicode")
+    try:
+        flags = libvirt.VIR_DOMAIN_AFFECT_CONFIG | (libvirt.VIR_DOMAIN_AFFECT_LIVE if dom.isActive() else 0)
+        dom.setMetadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT, xml, "lab", LEASE_NS, flags)
+    except libvirt.libvirtError as exc:
+        raise BackendError(f"libvirt refused the new lease: {error_message(exc)}") from None

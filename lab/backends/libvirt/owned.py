@@ -15,6 +15,7 @@ from lab.backends.libvirt.connection import Connection, error_message, libvirt_m
 from lab.backends.libvirt.disks import Disks
 from lab.backends.libvirt.domain import read_lease
 from lab.errors import BackendError, IncompleteListing, LabError, TeardownError, UsageError
+from lab.lease import owner_or_empty
 from lab.model import Owned
 from lab.runlock import RunLocks
 
@@ -65,6 +66,7 @@ class Inventory:
                 name=_name(dom),
                 run_id=lease["run"],
                 expires_at=float(lease.get("expires") or 0),
+                owner=owner_or_empty(lease.get("owner")),
                 detail=json.dumps(
                     {k: lease.get(k, "") for k in ("disk", "console", "host", "cell")} | {"uuid": _uuid(dom)},
                     sort_keys=True,

@@ -72,6 +72,7 @@ Keys (the user's documentation; `lab.toml` examples in the README):
 from __future__ import annotations
 
 import ipaddress
+import re
 import shlex
 from typing import Literal
 from urllib.parse import parse_qs, urlsplit
@@ -79,6 +80,7 @@ from urllib.parse import parse_qs, urlsplit
 from pydantic import AliasChoices, Field, field_validator
 
 from lab import programs
+from lab.backends import fields
 from lab.backends.base import Capabilities, HostSettings
 from lab.backends.libvirt.drivers import (
     DRIVERS,
@@ -94,6 +96,13 @@ from lab.errors import SettingError
 from lab.model import CloneKind
 
 BHYVE_UEFI = "/usr/local/share/uefi-firmware/BHYVE_UEFI.fd"
+# Keys only one driver uses: given on a host of the other driver they would be ignored
+DRIVER_KEYS = {
+    "bhyve": frozenset({"dataset", "golden", "firmware", "loader"}),
+    "qemu": frozenset(
+        {"dir", "pool", "images_dir", "domain_type", "machine", "bios", "cpu_mode", "boot", "cmdline", "dac_label"}
+    ),
+}
 DEFAULT_QEMU_DIR = "/var/lib/libvirt/images/lab"
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
@@ -140,6 +149,9 @@ class Settings(HostSettings):
         return v
 
     def problems(self) -> list[tuple[str, object, str]]:
+        together = self.together()
+        if together:
+            return together[:1]
         if remote_without_ssh(self.uri) and not self.ssh:
             return [
                 (
@@ -151,6 +163,69 @@ class Settings(HostSettings):
                 )
             ]
         return []
+
+    def together(self) -> list[tuple[str, object, str]]:
+        """Keys each valid alone that this host cannot use together, or at all on its driver: said,
+        never silently ignored."""
+        out: list[tuple[str, object, str]] = []
+        given = self.model_fields_set
+        if self.bridge and self.network:
+            out.append(
+                ("network", self.network, f"and bridge ({self.bridge!r}) both name the NIC's network: one or the other")
+            )
+        if self.pool and "dir" in given:
+            out.append(("pool", self.pool, f"and dir ({self.dir!r}) both name where clones go: one or the other"))
+        if self.flavour is not None and uri_scheme(self.uri) != "test":
+            out.append(("flavour", self.flavour, "is used only with test:/// URIs (the URI's driver decides)"))
+        driver = driver_of(self.uri, self.flavour)
+        other = {"bhyve": "qemu", "qemu": "bhyve"}[driver]
+        for key in sorted(given & DRIVER_KEYS[other]):
+            out.append((key, getattr(self, key), f"is a setting of {other} hosts; this URI's driver is {driver}"))
+        return out
+
+    @field_validator("uri")
+    @classmethod
+    def _uri_destination(cls, v: str) -> str:
+        # the user and host of a +ssh URI become ssh's destination (the host's commands, libvirt's own
+        # ssh): one that starts with "-" would be read as an option
+        parts = urlsplit(v)
+        for what, word in (("user", parts.username), ("host", parts.hostname)):
+            if word and (word.startswith("-") or not fields.SSH_DESTINATION.fullmatch(word)):
+                raise ValueError(f"its {what} {word!r} is not a {what} name ssh can be given (not first a -)")
+        return v
+
+    @field_validator("ssh")
+    @classmethod
+    def _ssh(cls, v: str | None) -> str | None:
+        # ssh's own arguments (options are the point: -p, -i, -J), ending with the destination
+        if v is None:
+            return v
+        try:
+            words = shlex.split(v)
+        except ValueError as exc:
+            raise ValueError(f"cannot be split into ssh arguments: {exc}") from None
+        if not words or not fields.SSH_DESTINATION.fullmatch(words[-1]):
+            raise ValueError('must end with the destination, e.g. "-p 2222 root@bsd1"')
+        return v
+
+    @field_validator("dir", "images_dir", "loader", "bios")
+    @classmethod
+    def _host_path(cls, v: str) -> str:
+        # a path on the host, taken as it is: relative, it would be relative to whatever directory
+        # the host's shell starts in
+        if v and not v.startswith("/"):
+            raise ValueError("must be an absolute path on the host (it is the host's, not this machine's)")
+        if re.search(r"[\x00-\x1f\x7f]", v):
+            raise ValueError("holds a control character")
+        return v
+
+    @field_validator("dataset", "golden")
+    @classmethod
+    def _dataset(cls, v: str | None) -> str | None:
+        # a ZFS name on the host's command lines (zfs clone, zfs send): never an option, one word
+        if v and (v.startswith("-") or re.search(r"[\s\x00-\x1f\x7f,]", v)):
+            raise ValueError("must be a ZFS dataset name (no spaces or commas, not first a -)")
+        return v
 
     @field_validator("subnet")
     @classmethod

@@ -34,6 +34,7 @@ from lab.backends.local.qemu import QEMU, boot_files, qemu_argv, qemu_version
 from lab.backends.local.settings import Settings, capabilities
 from lab.errors import IncompleteListing, LabError, SettingError, UsageError
 from lab.hostload import CounterWindow, LoadWindow
+from lab.lease import owner_or_empty
 from lab.model import Accel, CloneKind, ImageRef, Owned, Vm, VmSpec
 from lab.runlock import RunLock
 
@@ -196,6 +197,7 @@ class LocalBackend(Backend):
                 "netns": ns,
                 "tap": tap,
                 "expires_at": spec.expires_at,
+                "owner": spec.owner,
                 "created_at": time.time(),
                 "clone": spec.clone.value,
             },
@@ -238,6 +240,9 @@ class LocalBackend(Backend):
             raise
         vm.facts["clone"] = spec.clone.value
         return vm
+
+    def renew_lease(self, vm: Vm, expires_at: float) -> None:
+        layout.renew_lease(Path(vm.handle["dir"]), expires_at)  # a VM's or the bare-metal cell's
 
     @staticmethod
     def _overlay(backing: Path, disk: Path) -> None:
@@ -385,6 +390,7 @@ class LocalBackend(Backend):
                 "tap": tap,
                 "kind": "warm-build",
                 "expires_at": spec.expires_at,
+                "owner": spec.owner,
                 "created_at": time.time(),
             },
         )
@@ -505,7 +511,13 @@ class LocalBackend(Backend):
                     lease = layout.read_lease(d)
                     out.append(
                         Owned(
-                            self.name, "vm", d.name, layout.run_of(d.name), float(lease.get("expires_at") or 0), str(d)
+                            self.name,
+                            "vm",
+                            d.name,
+                            layout.run_of(d.name),
+                            float(lease.get("expires_at") or 0),
+                            str(d),
+                            owner=owner_or_empty(lease.get("owner")),
                         )
                     )
         for pid, name in host.qemu_processes(self.workdir):

@@ -150,7 +150,9 @@ def create(
     except BaseException:
         host.remove_machine(vm.handle, name)
         raise
-    env = {"LAB_CGROUP": str(cgroup) if cgroup else "", "LAB_T0": str(time.time_ns())}
+    # LAB_SCRATCH: where the cell's workloads make their scratch directories (mktemp -d), instead of
+    # this machine's /var/tmp: the cell's own directory, private to root, removed with the cell
+    env = {"LAB_CGROUP": str(cgroup) if cgroup else "", "LAB_T0": str(time.time_ns()), "LAB_SCRATCH": str(vmdir)}
     guest = HostGuest(address, netns=name, cgroup_procs=cgroup / "cgroup.procs" if cgroup else None, env=env, os=OS)
     bm = BareMetal(vm, guest, address)
     bm.facts["cpu_accounting"] = (

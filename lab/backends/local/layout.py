@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 from pathlib import Path
 from typing import Any
 
 from lab import names, statedir
+from lab.lease import rewrite
 
 LEASE = "lease.json"
 MARKER = "lab/local-lease"  # the "marker" of every lease the lab writes
@@ -63,8 +65,18 @@ def read_lease(vmdir: Path) -> dict[str, Any]:
     return {k: v for k, v in lease.items() if k != "marker"}
 
 
+_updating = threading.Lock()  # a lease is read, changed and written whole: one change at a time
+
+
 def update_lease(vmdir: Path, **changes: Any) -> None:
-    write_lease(vmdir, {**read_lease(vmdir), **changes})
+    with _updating:
+        write_lease(vmdir, {**read_lease(vmdir), **changes})
+
+
+def renew_lease(vmdir: Path, expires_at: float) -> None:
+    """A live run's machine keeps its lease (lab.runner.renewal); LabError when it has none of the lab's."""
+    with _updating:
+        rewrite(vmdir / LEASE, lambda: read_lease(vmdir), lambda new: write_lease(vmdir, new), expires_at=expires_at)
 
 
 def trusted_handle(vmdir: Path, lease: dict[str, Any], cgroup_parent: Path | None) -> dict[str, Any] | None:

@@ -46,9 +46,16 @@ WARM_DEVICES = [
 ]
 
 
+def opt(value: object) -> str:
+    """Pure: a value inside a QEMU option list (-drive, -object, -chardev, -qmp unix:): QEMU splits
+    those at commas and reads ",," as one comma, so a comma in a path (a workdir, $LAB_STATE_DIR)
+    is doubled here, the one place, and can never add an option of its own."""
+    return str(value).replace(",", ",,")
+
+
 def disk_args(bus: DiskBus, path: Path) -> list[str]:
     """Pure: the drive and its controller on `bus`."""
-    drive = ["-drive", f"file={path},if=none,id=d0,format=qcow2,cache=writeback,discard=unmap"]
+    drive = ["-drive", f"file={opt(path)},if=none,id=d0,format=qcow2,cache=writeback,discard=unmap"]
     return drive + DISK_DEVICES[bus]
 
 
@@ -103,19 +110,20 @@ def qemu_argv(
         "-device",
         f"{NIC_DEVICE[spec.nic]},netdev=n0,mac={spec.mac},romfile=",
         "-serial",
-        f"file:{vmdir / 'console.log'}",
+        f"file:{vmdir / 'console.log'}",  # "file:" takes the rest as the path, commas and all
         "-qmp",
-        f"unix:{vmdir / 'qmp.sock'},server=on,wait=off",
+        f"unix:{opt(vmdir / 'qmp.sock')},server=on,wait=off",
         "-pidfile",
         str(vmdir / "qemu.pid"),
     ]
     if ram is not None:
         argv += [
             "-object",
-            f"memory-backend-file,id=ram0,size={spec.memory_mib}M,mem-path={ram},share={'on' if ram_shared else 'off'}",
+            f"memory-backend-file,id=ram0,size={spec.memory_mib}M,mem-path={opt(ram)},"
+            f"share={'on' if ram_shared else 'off'}",
             *WARM_DEVICES,
             "-chardev",
-            f"socket,id=qga0,path={vmdir / 'qga.sock'},server=on,wait=off",
+            f"socket,id=qga0,path={opt(vmdir / 'qga.sock')},server=on,wait=off",
         ]
         if incoming:
             argv += ["-incoming", "defer"]

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from pathlib import PurePosixPath
 from typing import Literal
 
 from pydantic import Field, field_validator
 
+from lab.backends import fields
 from lab.backends.base import Capabilities, HostSettings
 from lab.model import CloneKind, DiskBus, NicModel
 
@@ -30,16 +30,8 @@ class Settings(HostSettings):
     @field_validator("workdir")
     @classmethod
     def _workdir(cls, v: str | None) -> str | None:
-        if v is None:
-            return v
-        if re.search(r"[\x00-\x1f\x7f]", v):
-            raise ValueError("holds a control character")
-        p = PurePosixPath(v)
-        if not p.is_absolute():
-            raise ValueError("must be an absolute path (it is shared by every lab of this machine)")
-        if ".." in p.parts or str(p) == "/":
-            raise ValueError("must be a directory of its own (no '..', not /)")
-        return str(p)
+        # `~` expanded, absolute (lab.paths): the same rule as every state directory of the lab's
+        return None if v is None else fields.state_dir(v)
 
     @field_validator("subnet")
     @classmethod

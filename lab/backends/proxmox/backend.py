@@ -36,6 +36,7 @@ from lab.backends.proxmox.templates import Templates
 from lab.backends.proxmox.vms import Machines
 from lab.errors import HostUnreachable, IncompleteListing, LabError, SettingError, TeardownError, UnreachableError
 from lab.hostload import LoadWindow, PollingWindow
+from lab.lease import owner_or_empty
 from lab.model import ImageRef, Owned, Vm, VmSpec
 from lab.runlock import RunLocks
 
@@ -202,6 +203,9 @@ class ProxmoxBackend(Backend):
         vm.address, vm.facts["address_source"] = self.addresses.wait(vm, timeout or self.settings.timeouts.ready)
         return vm.address
 
+    def renew_lease(self, vm: Vm, expires_at: float) -> None:
+        self.machines.renew(vm, expires_at)
+
     def destroy(self, vm: Vm) -> None:
         vmid = vm.handle.get("vmid")
         if vmid is None:
@@ -226,6 +230,7 @@ class ProxmoxBackend(Backend):
                 run_id=vm.run_id,
                 expires_at=float(vm.meta.get("lab-expires", 0) or 0),
                 detail=f"{vm.node}/{vm.vmid}",
+                owner=owner_or_empty(vm.meta.get("lab-owner")),
             )
             for vm in listing.vms
         ]

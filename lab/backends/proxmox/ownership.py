@@ -57,14 +57,16 @@ def mac_for(run_id: str, cell_id: str) -> str:
     return ":".join(f"{b:02X}" for b in [(h[0] & 0xFC) | 0x02, *h[1:6]])
 
 
-def vm_description(spec: VmSpec) -> str:
+def vm_description(spec: VmSpec, expires_at: float | None = None) -> str:
+    """The description a cell's VM carries (`expires_at`: a renewed lease's expiry, lab.lease)."""
     return "\n".join(
         [
             f"{MARKER}: {VM_MARK}",
             f"lab-vm: {spec.name}",
             f"lab-run-id: {spec.run_id}",
             f"lab-cell: {spec.cell_id}",
-            f"lab-expires: {int(spec.expires_at)}",
+            f"lab-expires: {int(spec.expires_at if expires_at is None else expires_at)}",
+            *([f"lab-owner: {spec.owner}"] if spec.owner else []),
             LEGACY_MARKS[VM_MARK],
         ]
     )

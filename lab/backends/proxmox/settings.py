@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
+from lab import paths
+from lab.backends import fields
 from lab.backends.base import Capabilities, HostSettings
 from lab.backends.proxmox.tls import normalise
 from lab.model import CloneKind, DiskBus, NicModel
@@ -101,7 +102,23 @@ class Settings(HostSettings):
             )
         if self.fingerprint and not self.verify_tls:
             out.append(("verify_tls", False, "contradicts the pinned fingerprint: leave verify_tls out"))
+        if self.token and (self.user or self.password):
+            key = "user" if self.user else "password"
+            out.append((key, getattr(self, key), "is a ticket login: leave it out with a token (one or the other)"))
+        out += pool_problems(self.addresses, gateway=self.gateway, client_address=self.client_address)
         return out
+
+    def warnings(self) -> list[tuple[str, object, str]]:
+        if self.verify_tls:
+            return []
+        return [
+            (
+                "verify_tls",
+                False,
+                "the node's TLS certificate is not checked: anyone on the path to it can pose as the node and "
+                "read the credentials; set ca_file or fingerprint instead",
+            )
+        ]
 
     @property
     def clone_nodes(self) -> list[str]:
@@ -158,17 +175,36 @@ class Settings(HostSettings):
     def _ca_file(cls, v: str | None, info: ValidationInfo) -> str | None:
         if v is None:
             return v
-        path = Path(v).expanduser()
-        if not path.is_absolute():  # relative to lab.toml's folder (lab.config passes it)
-            path = Path((info.context or {}).get("base_dir") or Path.cwd()) / path
+        path = paths.local(v, fields.base_dir(info))  # relative to lab.toml's folder (lab.config passes it)
         try:
-            with open(path, "rb") as fh:
-                head = fh.read(1 << 20)
+            head = paths.read_regular(path)  # a FIFO in its place never hangs lab.toml's reading
         except OSError as exc:
             raise ValueError(f"cannot read {path}: {exc.strerror}") from None
         if b"-----BEGIN CERTIFICATE-----" not in head:
             raise ValueError(f"{path} holds no PEM certificate (-----BEGIN CERTIFICATE-----)")
         return str(path)
+
+    @field_validator("bridge")
+    @classmethod
+    def _net0_bridge(cls, v: str) -> str:
+        if not v:  # PVE would make a NAT user network: not the cells' network
+            raise ValueError('must name the bridge the clones\' net0 joins, such as "vmbr0"')
+        return v
+
+    @field_validator("storage", "import_storage")
+    @classmethod
+    def _storage(cls, v: str) -> str:
+        return fields.pve_storage(v)
+
+    @field_validator("cpu_type")
+    @classmethod
+    def _cpu_type(cls, v: str) -> str:
+        return fields.cpu_type(v)
+
+    @field_validator("node_ssh")
+    @classmethod
+    def _node_ssh(cls, v: str) -> str:
+        return fields.ssh_destination(v)
 
     @field_validator("fingerprint")
     @classmethod
@@ -188,27 +224,71 @@ class Settings(HostSettings):
         return v
 
 
+# The most addresses a pool may hold: what it names is listed and checked before anything is made,
+# so "10.0.0.0/8" (16 M addresses) would cost seconds and hundreds of MB before the first check.
+MAX_POOL = 65536
+
+
 def check_addresses(v: str) -> str:
     """An `addresses` setting: empty, or a pool that holds an address (a settings validator)."""
     if v:
         try:
-            if not address_pool(v):
-                raise ValueError("holds no address")
+            size = pool_size(v)
         except ValueError:
             raise ValueError('must be a range "10.0.0.100-10.0.0.150" or a CIDR "10.0.0.96/27"') from None
+        if not size:
+            raise ValueError("holds no address")
+        if size > MAX_POOL:
+            raise ValueError(f"holds {size} addresses; at most {MAX_POOL} (a /16) are taken")
     return v
 
 
-def address_pool(spec: str) -> list[str]:
-    """Pure: "10.0.0.100-10.0.0.150" or "10.0.0.96/27" -> the addresses, in order. ValueError if malformed."""
-    if not spec:
-        return []
+def pool_size(spec: str) -> int:
+    """Pure: how many addresses a pool names, counted without listing them. ValueError if malformed."""
     if "-" in spec:
         first, last = (ipaddress.IPv4Address(x.strip()) for x in spec.split("-", 1))
         if last < first:
             raise ValueError("range ends before it starts")
+        return int(last) - int(first) + 1
+    net = ipaddress.IPv4Network(spec.strip(), strict=False)
+    return net.num_addresses - 2 if net.prefixlen < 31 else net.num_addresses
+
+
+def address_pool(spec: str) -> list[str]:
+    """Pure: "10.0.0.100-10.0.0.150" or "10.0.0.96/27" -> the addresses, in order. ValueError if
+    malformed or larger than MAX_POOL (counted before anything is listed)."""
+    if not spec:
+        return []
+    if pool_size(spec) > MAX_POOL:
+        raise ValueError(f"{spec} holds more than {MAX_POOL} addresses")
+    if "-" in spec:
+        first, last = (ipaddress.IPv4Address(x.strip()) for x in spec.split("-", 1))
         return [str(ipaddress.IPv4Address(i)) for i in range(int(first), int(last) + 1)]
     return [str(ip) for ip in ipaddress.IPv4Network(spec.strip(), strict=False).hosts()]
+
+
+def in_pool(spec: str, address: str) -> bool:
+    """Pure: is `address` one of the pool's (counted, not listed)?"""
+    try:
+        ip = ipaddress.IPv4Address(address)
+    except ValueError:
+        return False
+    if "-" in spec:
+        first, last = (ipaddress.IPv4Address(x.strip()) for x in spec.split("-", 1))
+        return first <= ip <= last
+    net = ipaddress.IPv4Network(spec.strip(), strict=False)
+    return ip in net and (net.prefixlen >= 31 or ip not in (net.network_address, net.broadcast_address))
+
+
+def pool_problems(addresses: str, **others: str) -> list[tuple[str, object, str]]:
+    """Addresses of the lab's own (gateway, client_address) that a static pool would hand to a guest."""
+    if not addresses:
+        return []
+    return [
+        (key, value, "is inside `addresses`: it would be handed to a guest")
+        for key, value in others.items()
+        if value and in_pool(addresses, value)
+    ]
 
 
 # The config key each disk bus gets on a clone: ide2 holds the cloud-init drive, so IDE is ide0.

@@ -229,6 +229,19 @@ class Machines:
             )
         vm.handle.setdefault("static_ip", "")
 
+    def renew(self, vm: Vm, expires_at: float) -> None:
+        """A live run's VM keeps its lease: its description again, with the new expiry."""
+        vmid = vm.handle["vmid"]
+        api = self.session.qemu(vm.handle["node"], vmid)
+        what = f"lease of VM {vmid} ({vm.name})"
+        description = vm_description(vm.spec, expires_at)
+        self.session.retrying(
+            what,
+            lambda: self.session.call(what, lambda: api.config.put(description=description)),
+            deadline=time.monotonic() + self.settings.timeouts.config,
+            limit=self.settings.lock_retries,
+        )
+
     # -- start, destroy ---------------------------------------------------------------------------------
     def start(self, vm: Vm) -> None:
         vmid = vm.handle["vmid"]

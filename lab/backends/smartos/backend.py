@@ -37,6 +37,7 @@ from lab.backends.smartos import payload, publish, zones
 from lab.backends.smartos.globalzone import CommandFailed, ConnectionLost, GlobalZone
 from lab.backends.smartos.settings import DISK_MODELS, NIC_MODELS, Settings, address_pool, capabilities
 from lab.errors import BackendError, ConfigError, LabError, SettingError, TeardownError, TimeoutError_, UsageError
+from lab.lease import owner_or_empty
 from lab.model import Client, ImageRef, Isolation, Owned, Vm, VmSpec
 from lab.runlock import RunLocks
 from lab.wait import wait_until
@@ -452,6 +453,15 @@ class SmartosBackend(Backend):
         found = self.gz.json(["vmadm", "lookup", "-j", f"uuid={uuid}"], what=f"vmadm lookup -j uuid={uuid}")
         return found[0] if isinstance(found, list) and found else None
 
+    def renew_lease(self, vm: Vm, expires_at: float) -> None:
+        uuid = vm.handle["uuid"]
+        self.gz.run(
+            ["vmadm", "update", uuid],
+            input=payload_json(payload.renewal(expires_at)),
+            timeout=self.settings.timeout("command"),
+            what=f"vmadm update {uuid} (lease of {vm.name})",
+        )
+
     def destroy(self, vm: Vm) -> None:
         uuid = vm.handle.get("uuid")
         if not uuid:
@@ -512,7 +522,13 @@ class SmartosBackend(Backend):
             run_id, name, expires = payload.lease_of(vm)
             out.append(
                 Owned(
-                    backend=self.name, kind="vm", name=name, run_id=run_id, expires_at=expires, detail=str(vm["uuid"])
+                    backend=self.name,
+                    kind="vm",
+                    name=name,
+                    run_id=run_id,
+                    expires_at=expires,
+                    detail=str(vm["uuid"]),
+                    owner=owner_or_empty(payload.owner_of(vm)),
                 )
             )
         return out + self._run_locks.owned(self.name)

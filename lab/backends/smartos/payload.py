@@ -3,8 +3,8 @@ what it reads back (leases from customer_metadata, addresses from nics). No I/O.
 
 The lease rides on the VM itself, in `customer_metadata` (string keys and values):
 `lab:managed` (the marker: nothing without it is ever listed or touched), `lab:run`, `lab:cell`,
-`lab:vm` (the VM name, also its alias), `lab:expires` (unix time). `lab gc` finds VMs by it even
-when the results store is gone."""
+`lab:vm` (the VM name, also its alias), `lab:expires` (unix time), `lab:owner` (whose run:
+lab.lease). `lab gc` finds VMs by it even when the results store is gone."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from lab.model import ImageRef, VmSpec
 
 MARKER = "lab:managed"
 MARKER_VALUE = "true"
-RUN, CELL, NAME, EXPIRES = "lab:run", "lab:cell", "lab:vm", "lab:expires"
+RUN, CELL, NAME, EXPIRES, OWNER = "lab:run", "lab:cell", "lab:vm", "lab:expires", "lab:owner"
 # An image SmartOS builds a NoCloud (cidata) disk for from the VM's nics: how a bhyve guest without
 # SmartOS's metadata agent learns its static address (SmartOS 20260306 and later).
 NOCLOUD_TAG = "org.smartos:cloudinit_datasource"
@@ -38,7 +38,19 @@ def lease(spec: VmSpec) -> dict[str, str]:
         CELL: spec.cell_id,
         NAME: spec.name,
         EXPIRES: str(int(spec.expires_at)),
+        **({OWNER: spec.owner} if spec.owner else {}),
     }
+
+
+def renewal(expires_at: float) -> dict[str, Any]:
+    """`vmadm update` of a live run's VM: its lease's expiry moved (lab.runner.renewal)."""
+    return {"set_customer_metadata": {EXPIRES: str(int(expires_at))}}
+
+
+def owner_of(vm: dict[str, Any]) -> str:
+    """The owner in a lab VM's lease ("" when it has none)."""
+    meta = vm.get("customer_metadata") or {}
+    return str(meta.get(OWNER) or "") if isinstance(meta, dict) else ""
 
 
 def is_ours(vm: dict[str, Any]) -> bool:

@@ -8,10 +8,15 @@ import ipaddress
 import re
 from typing import Annotated, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationInfo, field_validator
 
+from lab.backends import fields
 from lab.backends.base import Capabilities, HostSettings
-from lab.backends.proxmox.settings import address_pool, check_addresses  # one pool syntax for every backend
+from lab.backends.proxmox.settings import (  # one pool syntax for every backend
+    address_pool,  # noqa: F401 - the backend's, from here
+    check_addresses,
+    pool_problems,
+)
 from lab.model import CloneKind, DiskBus, Isolation, NicModel
 
 TIMEOUT_KEYS = Literal["connect", "command", "create", "start", "stop", "delete", "ready", "publish"]
@@ -39,7 +44,6 @@ DISK_MODELS: dict[str, dict[DiskBus, str]] = {
 }
 MAX_VCPUS = {"bhyve": 32, "kvm": 64}  # sysinfo "Bhyve Max Vcpus" is 32 on current platforms
 UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
-SSH_TARGET = re.compile(r"^(?:[A-Za-z0-9_.][A-Za-z0-9_.-]*@)?[A-Za-z0-9.\[][A-Za-z0-9.:\[\]-]*$")  # never "-o..."
 
 
 class Settings(HostSettings):
@@ -72,16 +76,21 @@ class Settings(HostSettings):
     def problems(self) -> list[tuple[str, object, str]]:
         if self.brand == "kvm" and self.bootrom != "bios":
             return [("bootrom", self.bootrom, "the KVM brand boots by BIOS only (bootrom is a bhyve setting)")]
-        if self.addresses and self.gateway and self.gateway in address_pool(self.addresses):
-            return [("gateway", self.gateway, "is inside `addresses`: it would be handed to a guest")]
-        return []
+        if self.brand != "kvm" and "cpu_type" in self.model_fields_set:
+            return [("cpu_type", self.cpu_type, 'is a setting of the KVM brand (brand = "kvm"); bhyve has none')]
+        return pool_problems(self.addresses, gateway=self.gateway, client_address=self.client_address)
 
     @field_validator("ssh")
     @classmethod
     def _ssh(cls, v: str) -> str:
-        if not SSH_TARGET.fullmatch(v):
+        if not v:
             raise ValueError('must be an SSH destination such as "root@gz1.example"')
-        return v
+        return fields.ssh_destination(v)
+
+    @field_validator("ssh_key")
+    @classmethod
+    def _ssh_key(cls, v: str | None, info: ValidationInfo) -> str | None:
+        return None if v is None else fields.regular_file(v, info, "the private key to log in to the global zone with")
 
     @field_validator("ssh_options")
     @classmethod
@@ -102,16 +111,6 @@ class Settings(HostSettings):
     @classmethod
     def _addresses(cls, v: str) -> str:
         return check_addresses(v)
-
-    @field_validator("gateway", "client_address")
-    @classmethod
-    def _ipv4(cls, v: str) -> str:
-        if v:
-            try:
-                ipaddress.IPv4Address(v)
-            except ValueError:
-                raise ValueError("must be an IPv4 address") from None
-        return v
 
     @field_validator("resolvers")
     @classmethod

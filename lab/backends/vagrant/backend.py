@@ -6,7 +6,7 @@ the run's directory `<workdir>/<run>/` and an isolated libvirt network `labvg-<r
 of `subnets`, DHCP, no forwarding). The host's side of that network is the run's client address:
 load generators listen there, the guests reach them on their one NIC.
 
-Per cell: `<workdir>/<run>/<vm>/` holds `lease.json` (the lab's marker: run, cell, expiry), the
+Per cell: `<workdir>/<run>/<vm>/` holds `lease.json` (the lab's marker: run, cell, expiry, owner), the
 Vagrantfile (templates/vagrant/Vagrantfile.j2: the box version of the image's build, NIC model,
 vCPUs, memory, disk bus, the run's network, the serial console to `console.log`) and Vagrant's
 own `.vagrant/`. The libvirt domain is named as the VM (`lab-<run>-<cell>`) and carries the lease
@@ -17,58 +17,44 @@ volume is left is removed through virsh and checked gone.
 
 `lab gc`: machines found in Vagrant's machine index (`vagrant global-status`), in the work
 directory and as libvirt domains carrying the lease, and `lab-<run>-*.img` volumes without a
-domain; nothing without the marker is touched. A dead run's network and directory go with its
-run lock, last.
+domain; nothing without the marker is touched. The work directory (default: "vagrant" in the
+lab's state directory) is held to the state directory's rules, and Vagrant runs only in a machine
+directory whose lease.json the lab wrote for it (lab.backends.vagrant.machines): root never runs a
+planted Vagrantfile. A dead run's network and directory go with its run lock, last.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import ipaddress
 import json
-import os
 import random
 import re
 import shutil
-import signal
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from lab import images, proc, runlock
+from lab import images, proc, runlock, statedir
 from lab.backends.base import Backend, BackendEnv, Capabilities, PlainClient
 from lab.backends.neighbours import ssh_banner
 from lab.backends.vagrant import box
+from lab.backends.vagrant.lease import lease_text, parse_lease, read_lease, renew_file, write_lease
+from lab.backends.vagrant.machines import Machines
 from lab.backends.vagrant.settings import Settings, capabilities
 from lab.backends.vagrant.tools import Vagrant, Virsh
 from lab.backends.vagrant.vagrantfile import Machine, Network, render
-from lab.errors import BackendError, LabError, TeardownError, UnreachableError, UsageError
+from lab.errors import BackendError, IncompleteListing, LabError, TeardownError, UnreachableError, UsageError
+from lab.lease import owner_or_empty
 from lab.model import ImageRef, Owned, Vm, VmSpec
-from lab.runlock import RUN_LOCK_DIR, RunLocks
+from lab.runlock import RunLocks
 from lab.wait import wait_until
 
-LEASE_FILE = "lease.json"
 NETWORK_PREFIX = "labvg-"
-# the domain's <description>: written raw into the domain XML by vagrant-libvirt, so plain words
-MARKER = "lab-lease"
 _RUN = r"[a-z0-9][a-z0-9-]*"  # lab run ids (`lab run --run-id`)
-_LEASE_RE = re.compile(
-    rf"^{MARKER} run=(?P<run>{_RUN}) cell=(?P<cell>\S+) expires=(?P<expires>\d+) host=(?P<host>\S+)$"
-)
 # vagrant-libvirt's volume of a cell's machine: <domain>.img, the domain being lab-<run>-<cell>
 _VOLUME_RE = re.compile(rf"^lab-(?P<run>{_RUN})-(?P<cell>c\d+(?:-[a-z]+)?)\.img$")
-
-
-def lease_text(run_id: str, cell_id: str, expires_at: float, host: str) -> str:
-    return f"{MARKER} run={run_id} cell={cell_id} expires={int(expires_at)} host={host}"
-
-
-def parse_lease(text: str | None) -> dict[str, str] | None:
-    """The lease a domain's <description> carries; None when it carries none (not the lab's)."""
-    m = _LEASE_RE.match((text or "").strip())
-    return m.groupdict() if m else None
 
 
 def network_xml(name: str, net: ipaddress.IPv4Network) -> str:
@@ -93,37 +79,6 @@ def free_subnet(pool: str, used: Sequence[ipaddress.IPv4Network], rng: random.Ra
     raise UsageError(f"no free /24 left in subnets = {pool!r} (every one is in use on this machine)")
 
 
-def processes_in(directory: Path) -> list[int]:
-    """`vagrant` processes working in `directory` (the ones lab started there)."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                argv = (entry / "cmdline").read_bytes().split(b"\0")[:2]
-                if Path(os.readlink(entry / "cwd")) == directory and any(a.endswith(b"vagrant") for a in argv):
-                    pids.append(int(entry.name))
-            except OSError:  # gone meanwhile, or a kernel thread
-                continue
-    return pids
-
-
-def stop_processes_in(directory: Path, timeout: float = 30.0) -> None:
-    """End a `vagrant up` still running for a machine whose run died (killed with -9: lab's child
-    outlives it in its own session), so `vagrant destroy` gets the machine's lock. SIGTERM to each
-    one's process group, SIGKILL to what is left after `timeout`."""
-    for sig, wait_s in ((signal.SIGTERM, timeout), (signal.SIGKILL, 10.0)):
-        pids = processes_in(directory)
-        if not pids:
-            return
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(os.getpgid(pid), sig)
-        with contextlib.suppress(LabError):
-            wait_until(lambda: not processes_in(directory), timeout=wait_s, what=f"vagrant in {directory} to end")
-    if processes_in(directory):
-        raise TeardownError(f"processes in {directory} do not end: {processes_in(directory)}")
-
-
 def host_networks() -> list[ipaddress.IPv4Network]:
     """Every IPv4 network on this machine's interfaces (active libvirt networks included)."""
     out = proc.run(["ip", "-4", "-o", "addr", "show"], timeout=10, what="ip addr").stdout
@@ -139,7 +94,8 @@ class VagrantBackend(Backend):
         super().__init__(host_name, settings, env)
         self.vagrant = Vagrant(home=settings.vagrant_home, uri=settings.uri)
         self.virsh = Virsh(settings.uri)
-        self.workdir = Path(settings.workdir)
+        # the setting, else "vagrant" in the lab's private state directory
+        self.workdir = Path(settings.workdir) if settings.workdir else self.env.state_dir / "vagrant"
         self._run_locks = RunLocks(self._lock_path)
         self._versions: dict[str, str] = {}
 
@@ -149,7 +105,13 @@ class VagrantBackend(Backend):
 
     # -- the host ------------------------------------------------------------------------------------
 
+    @property
+    def _workdir_what(self) -> str:
+        return f"host {self.host_name!r}: workdir"
+
     def check(self) -> None:
+        # checked, not made (open_run makes it): root runs Vagrantfiles found there
+        statedir.check(self.workdir, self._workdir_what)
         try:
             plugins = self.vagrant.plugins()
         except LabError as exc:
@@ -224,7 +186,7 @@ class VagrantBackend(Backend):
 
     def _lock_path(self, run_id: str) -> Path:
         host = re.sub(r"[^A-Za-z0-9_.-]", "_", self.host_name)  # no "@": it separates the run id
-        return RUN_LOCK_DIR / f"vagrant-{host}@{run_id}.lock"
+        return self.env.state_dir / f"vagrant-{host}@{run_id}.lock"
 
     def run_dir(self, run_id: str) -> Path:
         return self.workdir / run_id
@@ -236,8 +198,8 @@ class VagrantBackend(Backend):
     def open_run(self, run_id: str) -> PlainClient:
         self._run_locks.acquire(run_id, what=f"the lock of run {run_id} on host {self.host_name!r}")
         try:
-            rdir = self.run_dir(run_id)
-            rdir.mkdir(parents=True, exist_ok=True)
+            statedir.ensure(self.workdir, self._workdir_what)
+            rdir = statedir.ensure(self.run_dir(run_id), self._workdir_what)
             net = self._make_network(run_id, rdir)
         except BaseException:
             self._remove_run(run_id)
@@ -276,7 +238,7 @@ class VagrantBackend(Backend):
         """The run's network, and its directory once no machine is left in it."""
         self.virsh.remove_network(self.network_name(run_id))
         rdir = self.run_dir(run_id)
-        if rdir.is_dir() and not any(p.is_dir() for p in rdir.iterdir()):
+        if rdir.is_dir() and not rdir.is_symlink() and not any(p.is_dir() for p in rdir.iterdir()):
             shutil.rmtree(rdir)
 
     def run_is_live(self, run_id: str) -> bool | None:
@@ -300,7 +262,7 @@ class VagrantBackend(Backend):
             driver=self.settings.driver,
             uri=self.settings.uri,
             title=f"lab {spec.name}",
-            description=lease_text(spec.run_id, spec.cell_id, spec.expires_at, self.host_name),
+            description=lease_text(spec.run_id, spec.cell_id, spec.expires_at, self.host_name, spec.owner),
             boot_timeout=int(self.settings.boot_timeout),
             storage_pool=self.settings.storage_pool,
             network=self.run_network(spec.run_id),
@@ -316,10 +278,11 @@ class VagrantBackend(Backend):
             "host": self.host_name,
             "domain": spec.name,
             "pool": self.settings.storage_pool,
+            "owner": spec.owner,
         }
         try:
-            mdir.mkdir(parents=True)
-            (mdir / LEASE_FILE).write_text(json.dumps(lease, sort_keys=True) + "\n")  # the marker, first
+            mdir.mkdir(mode=0o700)
+            write_lease(mdir, lease)  # the marker, first
             machine = self.machine(image, spec, mdir)
             (mdir / "Vagrantfile").write_text(render(machine))
         except BaseException:
@@ -368,36 +331,22 @@ class VagrantBackend(Backend):
         return address
 
     def destroy(self, vm: Vm) -> None:
-        mdir = Path(vm.handle["dir"])
-        problems = self._remove_machine(mdir, vm.name)
+        problems = self._machines().remove(Path(vm.handle["dir"]), vm.name)
         if problems:
             raise TeardownError(f"destroying {vm.name} on host {self.host_name!r}: " + "; ".join(problems))
 
-    def _remove_machine(self, mdir: Path, domain: str) -> list[str]:
-        """`vagrant destroy`, then the domain and its volume by hand if anything is left, then the
-        machine's directory. Returns what could not be removed."""
-        problems: list[str] = []
-        said = ""
-        stop_processes_in(mdir)
-        if (mdir / "Vagrantfile").is_file():
-            res = self.vagrant.run(
-                ["destroy", "-f"], cwd=mdir, timeout=self.settings.destroy_timeout, what="vagrant destroy", check=False
-            )
-            if not res.ok:
-                said = ((res.stderr or res.stdout).strip().splitlines() or [f"exit {res.returncode}"])[-1]
-        try:
-            if parse_lease(self.virsh.description(domain)) is not None:  # never a domain without the marker
-                self.virsh.remove_domain(domain)
-            self.virsh.remove_volume(self.settings.storage_pool, f"{domain}.img")
-        except LabError as exc:
-            problems.append(str(exc))
-        if self.virsh.description(domain) is not None:
-            problems.append(f"domain {domain} is still defined" + (f" (vagrant destroy: {said})" if said else ""))
-        if f"{domain}.img" in {n for n, _ in self.virsh.volumes(self.settings.storage_pool)}:
-            problems.append(f"volume {domain}.img is still in pool {self.settings.storage_pool}")
-        if not problems:
-            shutil.rmtree(mdir, ignore_errors=True)
-        return problems
+    def _machines(self) -> Machines:
+        """The machine directories of the work directory, with this backend's tools (as they are now:
+        tests hand it fakes)."""
+        return Machines(self.workdir, self.vagrant, self.virsh, self.settings)
+
+    def renew_lease(self, vm: Vm, expires_at: float) -> None:
+        renew_file(Path(vm.handle["dir"]), expires_at)
+        # the domain exists once `vagrant up` defined it (with the Vagrantfile's first lease)
+        spec = vm.spec
+        self.virsh.set_description(
+            vm.name, lease_text(spec.run_id, spec.cell_id, expires_at, self.host_name, spec.owner)
+        )
 
     def console_text(self, vm: Vm) -> str:
         try:
@@ -407,22 +356,14 @@ class VagrantBackend(Backend):
 
     # -- garbage collection ------------------------------------------------------------------------------
 
-    def _machine_dirs(self) -> dict[str, Path]:
-        """Machine directories carrying the lab's lease file: those Vagrant's machine index lists
-        under the work directory (the index is pruned of the dead on the way), and those a run
-        killed before `vagrant up` registered the machine left."""
-        found: dict[str, Path] = {}
-        for lease in self.workdir.glob(f"*/*/{LEASE_FILE}"):
-            found[lease.parent.name] = lease.parent
-        for entry in self.vagrant.global_status():
-            home = Path(entry.directory)
-            if home.parent.parent == self.workdir and (home / LEASE_FILE).is_file():
-                found[home.name] = home
-        return found
-
     def list_owned(self) -> list[Owned]:
+        why = statedir.problem(self.workdir)
+        if why:  # someone else's, or open to others: nothing found there is trusted, nor run
+            raise IncompleteListing(
+                f"workdir {self.workdir} {why}", [], [f"workdir {self.workdir} {why}: nothing in it was trusted"]
+            )
         out: list[Owned] = []
-        dirs = self._machine_dirs()
+        dirs = self._machines().found()
         domains: dict[str, dict[str, str]] = {}
         every_domain = self.virsh.domains()
         for name in every_domain:
@@ -431,13 +372,8 @@ class VagrantBackend(Backend):
                 if found is not None:
                     domains[name] = found
         for name in sorted(set(dirs) | set(domains)):
-            lease: dict[str, Any] = dict(domains.get(name, {}))
             mdir = dirs.get(name)
-            if mdir is not None:
-                try:
-                    lease = {**json.loads((mdir / LEASE_FILE).read_text()), **lease}
-                except (OSError, ValueError):
-                    pass
+            lease: dict[str, Any] = {**(read_lease(mdir) if mdir is not None else {}), **domains.get(name, {})}
             if not lease.get("run"):
                 continue
             out.append(
@@ -448,6 +384,7 @@ class VagrantBackend(Backend):
                     run_id=str(lease["run"]),
                     expires_at=float(lease.get("expires") or 0),
                     detail=json.dumps({"dir": str(mdir or "")}, sort_keys=True),
+                    owner=owner_or_empty(lease.get("owner")),
                 )
             )
         for vol, path in self.virsh.volumes(self.settings.storage_pool):
@@ -465,7 +402,7 @@ class VagrantBackend(Backend):
     def remove_owned(self, item: Owned) -> None:
         if item.kind == "vm":
             mdir = Path(json.loads(item.detail or "{}").get("dir") or self.run_dir(item.run_id) / item.name)
-            problems = self._remove_machine(mdir, item.name)
+            problems = self._machines().remove(mdir, item.name)
             if problems:
                 raise TeardownError(f"gc of {item.name} on {self.host_name!r} failed: " + "; ".join(problems))
             if not runlock.held(self._lock_path(item.run_id)):  # a dead run's last machine: its network too

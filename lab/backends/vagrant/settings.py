@@ -7,10 +7,11 @@ import ipaddress
 import re
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationError, field_validator
 
-from lab import programs
+from lab.backends import fields
 from lab.backends.base import Capabilities, HostSettings
+from lab.backends.libvirt import settings as libvirt_settings
 from lab.model import CloneKind, DiskBus, NicModel
 
 # What vagrant-libvirt can ask libvirt's QEMU driver for: `nic_model_type` takes any QEMU model,
@@ -29,7 +30,10 @@ class Settings(HostSettings):
     provider: Literal["libvirt"] = "libvirt"
     uri: str = "qemu:///system"  # the libvirt daemon vagrant-libvirt and lab's checks talk to
     driver: Literal["qemu", "kvm"] = "qemu"  # domain type: qemu = TCG (nested KVM hangs guests here)
-    workdir: str = "/var/tmp/lab/vagrant"  # <workdir>/<run>/<vm>/Vagrantfile; `lab gc` looks here
+    # <workdir>/<run>/<vm>/Vagrantfile; `lab gc` looks here and runs `vagrant destroy` in what it finds,
+    # so it is held to the state directory's rules (lab.statedir: this user's alone). Default:
+    # "vagrant" in the lab's private state directory (BackendEnv.state_dir)
+    workdir: str | None = None
     vagrant_home: str | None = None  # VAGRANT_HOME (boxes, machine index); None: Vagrant's default
     storage_pool: str = "default"  # libvirt pool for the box's base volume and each cell's overlay
     # Each run gets its own isolated libvirt network (no forwarding: load stays on it), a free /24
@@ -41,7 +45,10 @@ class Settings(HostSettings):
     @field_validator("workdir", "vagrant_home")
     @classmethod
     def _path(cls, v: str | None) -> str | None:
-        if v is not None and not _SAFE_PATH.match(v):
+        if v is None:
+            return v
+        v = fields.state_dir(v)  # `~` expanded, absolute (lab.paths)
+        if not _SAFE_PATH.match(v):
             raise ValueError("must be an absolute path of letters, digits and _ . / + -")
         return v
 
@@ -57,9 +64,11 @@ class Settings(HostSettings):
     def _uri(cls, v: str) -> str:
         if not v.startswith(("qemu:///", "qemu+")):
             raise ValueError("must be a libvirt QEMU URI such as qemu:///system (vagrant-libvirt drives QEMU)")
-        why = programs.libvirt_uri_problem(v)  # what a lab.toml may make the lab run (lab.programs)
-        if why:
-            raise ValueError(why)
+        # the libvirt backend's own checks of a libvirt URI: one key, one validator
+        try:
+            libvirt_settings.Settings.model_validate({"backend": "libvirt", "uri": v})
+        except ValidationError as exc:
+            raise ValueError(exc.errors()[0]["msg"].removeprefix("Value error, ")) from None
         return v
 
     @field_validator("subnets")
@@ -71,6 +80,8 @@ class Settings(HostSettings):
             raise ValueError(f"is not an IPv4 network: {exc}") from None
         if net.prefixlen > 24:
             raise ValueError("must hold at least one /24 (prefix 24 or shorter)")
+        if net.prefixlen < 8:  # its /24s are listed to find a free one: at most 65,536 of them
+            raise ValueError("holds more than 65,536 /24s: a prefix of 8 or longer")
         return v
 
 

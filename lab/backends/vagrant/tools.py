@@ -189,6 +189,19 @@ class Virsh:
             ask, timeout=DESC_WAIT_S, what=f"virsh desc {name}", interval=1, max_interval=5, detail=lambda: last[0]
         )[0]
 
+    def set_description(self, name: str, text: str) -> bool:
+        """Replace the domain's <description> (live and persistent; persistent only while it is shut
+        off). False when there is no such domain (yet); LabError when libvirt refuses."""
+        said = ""
+        for flags in (["--live", "--config"], ["--config"]):
+            res = self.run(["desc", name, *flags, "--new-desc", text], what="virsh desc --new-desc", check=False)
+            if res.ok:
+                return True
+            if f"failed to get domain '{name}'" in res.stderr or "Domain not found" in res.stderr:
+                return False
+            said = res.stderr.strip().splitlines()[-1] if res.stderr.strip() else f"exit {res.returncode}"
+        raise LabError(f"cannot set the description of domain {name}: {said}")
+
     def address(self, name: str) -> str:
         """The guest's IPv4 address from the libvirt network's DHCP lease ("" if none yet)."""
         res = self.run(["domifaddr", name, "--source", "lease"], what="virsh domifaddr", check=False)
