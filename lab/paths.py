@@ -15,6 +15,7 @@ host's `dir`, a SmartOS image) are the host's and are taken as they are.
 from __future__ import annotations
 
 import os
+import pwd
 import stat
 from pathlib import Path
 
@@ -27,11 +28,30 @@ KINDS = {
 }
 
 
+def home() -> Path | None:
+    """This user's home: $HOME, else its passwd entry's; None when it has neither."""
+    if os.environ.get("HOME"):
+        return Path(os.environ["HOME"])
+    try:
+        return Path(pwd.getpwuid(os.geteuid()).pw_dir)
+    except KeyError:
+        return None
+
+
+def no_home() -> str:
+    return f"HOME is not set and uid {os.geteuid()} has no passwd entry"
+
+
 def expand(value: str) -> Path:
     """`value` with `~` / `~user` expanded; ValueError when that home cannot be found."""
+    if value == "~" or value.startswith("~/"):
+        where = home()
+        if where is None:
+            raise ValueError(f"cannot expand ~: {no_home()}")
+        return where / value[2:] if len(value) > 2 else where
     try:
         return Path(value).expanduser()
-    except RuntimeError:  # ~user with no such user, or ~ with neither $HOME nor a passwd entry
+    except RuntimeError:  # ~user with no such user
         raise ValueError(f"{value}: names a home directory that cannot be found") from None
 
 

@@ -24,6 +24,7 @@ import pwd
 import stat
 from pathlib import Path
 
+from lab import paths
 from lab.errors import UsageError
 
 STATE_ENV = "LAB_STATE_DIR"
@@ -37,31 +38,13 @@ NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
 NO_HOME = Path("/nonexistent/lab-state")
 
 
-def home() -> Path | None:
-    """This user's home: $HOME, else its passwd entry's; None when it has neither."""
-    if os.environ.get("HOME"):
-        return Path(os.environ["HOME"])
-    try:
-        return Path(pwd.getpwuid(os.geteuid()).pw_dir)
-    except KeyError:
-        return None
-
-
-def no_home() -> str:
-    return f"HOME is not set and uid {os.geteuid()} has no passwd entry"
+home, no_home = paths.home, paths.no_home  # one rule for ~ (lab.paths)
 
 
 def expand_user(path: str) -> Path:
     """`path` with a leading ~ expanded; ValueError (a setting's validators make it one line) when
     there is no home to expand it to."""
-    if not path.startswith("~"):
-        return Path(path)
-    if path != "~" and not path.startswith("~/"):
-        return Path(path).expanduser()  # ~user: the passwd entry of that user
-    where = home()
-    if where is None:
-        raise ValueError(f"cannot expand ~: {no_home()}")
-    return where / path[2:] if len(path) > 2 else where
+    return paths.expand(path)
 
 
 def default_dir() -> Path:
