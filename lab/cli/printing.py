@@ -23,7 +23,7 @@ from lab.results import fmt  # noqa: F401 - the one number format, for the comma
 out = Console(highlight=False, markup=False, emoji=False, width=None if sys.stdout.isatty() else 160)
 err = Console(stderr=True, highlight=False, markup=False, emoji=False, soft_wrap=True)  # one line, never wrapped
 
-VERDICT_STYLES = {"better": "green", "worse": "red"}
+VERDICT_STYLES = {"better": "green", "worse": "red", "same": "cyan"}
 STATUS_STYLES = {"done": "green", "n/a": "yellow", "duplicate": "yellow"}
 
 

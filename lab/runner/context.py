@@ -52,6 +52,8 @@ class RunContext:
     client_locks: dict[str, threading.Lock] = field(default_factory=lambda: {"local": threading.Lock()})
     # The place on its host (Capabilities.places, e.g. a PVE node) this lane's VMs are pinned to; "" none
     place: str = ""
+    # The comparisons the run will be asked (pairs of cells, twins, primary rows): lab.schedule.Asked
+    asked: schedule.Asked = field(default_factory=schedule.Asked)
 
 
 def workload_params(cfg: LabConfig, name: str) -> dict[str, Any]:

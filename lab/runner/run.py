@@ -183,7 +183,9 @@ def _run_locked(
     for e in swept.errors:
         reporter.warn(f"could not sweep: {e}")
     dups = plan.equivalents(cfg, cells)
-    ctx = RunContext(cfg, store, run_id, reporter, backends, duplicates=dups, seed=seed)
+    # the comparisons the run will be asked: adaptive repetition goes on while one is unknown
+    asked = schedule.Asked(tuple(plan.comparison_pairs(cells)), tuple(plan.twin_pairs(cells)), plan.primary_rows(cfg))
+    ctx = RunContext(cfg, store, run_id, reporter, backends, duplicates=dups, seed=seed, asked=asked)
     client_vms = ClientVms(store, run_id, cfg.lab.lease_minutes, list(cfg.matrix.host))
     client_machines = clientssh.SshClients()
     for host in backends:  # every client's lock exists before the lanes start
