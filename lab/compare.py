@@ -184,13 +184,7 @@ class _Measured:
     def tested(self) -> bool:
         """In the family corrected together: primary, with a direction, enough samples, a p."""
         ev = self.ev
-        return (
-            self.meta.primary
-            and self.meta.higher_is_better is not None
-            and ev is not None
-            and ev.enough
-            and ev.p is not None
-        )
+        return self.row.primary and ev is not None and ev.enough and ev.p is not None
 
 
 def _measure(
