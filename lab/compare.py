@@ -122,7 +122,7 @@ class Row:
     primary: bool = False  # a headline metric, answered (else exploratory)
     q_value: float | None = None  # p corrected over the comparison's primary rows (BH); None if not tested
     effect: float | None = None  # ratio - 1: the relative change of the median, B against A
-    margin: verdicts.Margin | None = None  # what "same" and a minimum effect were judged against (primary)
+    margin: verdicts.Margin | None = None  # what "same" and a minimum effect were judged against (answered rows)
     equivalence_ci: tuple[float, float] | None = None  # the ratio's CI at 1 - 2 alpha (TOST)
     siblings: Siblings | None = None  # its family's agreement (primary rows with siblings)
 
@@ -242,7 +242,7 @@ def _decided(m: _Measured, q: float | None, *, alpha: float, noise: stats.RatioC
         return replace(row, noise_band=band)
     excludes_one = not ev.ci[0] <= 1.0 <= ev.ci[1]
     significant = ev.p is not None and (ev.p if q is None else q) < alpha and excludes_one if ev.enough else None
-    margin = verdicts.margin_for(band, margin_pct) if row.primary else None
+    margin = None  # only where a row was judged against one
     if meta.higher_is_better is None:
         verdict = Verdict.INFORMATIONAL
     elif not ev.enough:
@@ -250,7 +250,7 @@ def _decided(m: _Measured, q: float | None, *, alpha: float, noise: stats.RatioC
     elif not meta.primary:
         verdict = Verdict.EXPLORATORY
     else:
-        assert margin is not None
+        margin = verdicts.margin_for(band, margin_pct)
         answer = verdicts.decide(ev, higher_is_better=meta.higher_is_better, margin=margin, q=q, alpha=alpha)
         verdict = Verdict(answer.value)
     return replace(row, significant=significant, verdict=verdict, noise_band=band, q_value=q, margin=margin)

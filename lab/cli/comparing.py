@@ -205,7 +205,8 @@ def _print_rule(cmp: analysis.Comparison) -> None:
         say("verdicts: no primary metric has enough samples on both sides; the rows are figures only")
     else:
         say(
-            f"verdicts: the {tested} primary rows, q = p corrected over them (Benjamini-Hochberg); better/worse: "
+            f"verdicts: {tested} primary row{'s' if tested != 1 else ''}, q = p corrected over them "
+            "(Benjamini-Hochberg); better/worse: "
             f"q < {compare_mod.DEFAULT_ALPHA:g}, the 95 % CI excludes 1 and B/A is beyond the margin; same: the "
             f"90 % CI of B/A inside the margin (the metric's A/A band, at least ±{cmp.margin_pct:g} %); "
             "exploratory rows: figures only, no verdict",
