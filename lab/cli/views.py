@@ -13,6 +13,7 @@ from lab import analysis, axes, report, results, runner
 from lab.cli import shapes
 from lab.cli.group import cli, closing, config_option, open_store, results_dir as find_results, results_option
 from lab.cli.printing import clock, duration, fmt, line, out, say, styled, table
+from lab.explain import record as explain_record
 from lab.store import RunRow, Store
 
 
@@ -58,6 +59,7 @@ def print_show(store: Store, run: RunRow, everything: bool = False) -> None:
     rows = results.show_rows(all_series, everything=everything, seed=run.seed or 0, spread=True)
     short = results.short_labels([c.label for c in cells])
     say("run ", styled(run.id, "bold"), f" ({run.name}), {run.status}")
+    print_family(store, run)
     sched = run.manifest.get("schedule") or {}
     if sched:
         policy = (
@@ -131,6 +133,26 @@ def print_show(store: Store, run: RunRow, everything: bool = False) -> None:
             )
         out.print(t)
     print_host_load(run, cells, samples)
+
+
+def print_family(store: Store, run: RunRow) -> None:
+    """A follow-up run of `lab explain` says whose, and a parent run names its follow-ups."""
+    own = run.manifest.get(explain_record.KEY)
+    if isinstance(own, dict):
+        r = explain_record.Record.from_dict(own)
+        mine = next((p for p in r.phases if run.id in [x["run"] for x in p.get("runs") or []]), None)
+        say(
+            f"follow-up run of {', '.join(r.parents)} (lab explain: A {r.a.cell} vs B {r.b.cell}; knobs "
+            + ", ".join(k.name for k in r.knobs)
+            + (f"; {mine['note']}" if mine else "")
+            + f"; `lab explain {r.a.run}"
+            + (f" {r.b.run}" if r.b.run != r.a.run else "")
+            + "` with the same selections shows the answer)",
+            soft_wrap=True,
+        )
+    children = explain_record.follow_ups(store, run)
+    if children:
+        say(f"follow-up runs (lab explain): {', '.join(c.id for c in children)}", soft_wrap=True)
 
 
 def flag_mark(flagged: int) -> object:

@@ -61,9 +61,13 @@ def estimate_seconds(
     return estimate.estimate(cfg, cells, params, dups, store).seconds
 
 
-def prepare(cfg: LabConfig) -> tuple[list[plan.Unit], dict[str, ImageRef], dict[str, Backend]]:
-    """Everything that can fail before anything is created: cells, images, backends' checks."""
-    cells = plan.units(cfg)
+def prepare(
+    cfg: LabConfig, units: list[plan.Unit] | None = None
+) -> tuple[list[plan.Unit], dict[str, ImageRef], dict[str, Backend]]:
+    """Everything that can fail before anything is created: cells, images, backends' checks.
+    `units`: the plan's cells when they are not the lab's matrix (the follow-up cells of `lab
+    explain`: some cells of a matrix, lab.explain.followup); default: lab.plan.units(cfg)."""
+    cells = plan.units(cfg) if units is None else list(units)
     # Secrets and hosts first: a wrong token or an unreachable host is the first thing to fix.
     backends = cfg.open_backends({c.host for c in cells})
     for host, b in backends.items():
@@ -112,10 +116,14 @@ def run_lab(
     config_text: str = "",
     prepared=None,
     resume: str | None = None,
+    record: dict[str, Any] | None = None,
 ) -> str:
+    """`record`: what the caller keeps in the run's manifest beside the runner's own keys (`lab
+    explain` records a follow-up run's question and design there, lab.explain.record)."""
     reporter = reporter or SilentReporter()
     cells, imgs, backends = prepared or prepare(cfg)
     manifest = {
+        **(record or {}),
         "images": {
             n: {"digest": i.digest, "sha256": i.sha256, "tools": i.manifest.get("tools", {})} for n, i in imgs.items()
         },

@@ -56,6 +56,9 @@ class PrimaryMetrics:
 
     patterns: tuple[str, ...]
     per: tuple[str, ...] = ()
+    # patterns of the metrics that add up to a primary one, with the same "*" (a build's steps:
+    # "clone_seconds_*" for "build_seconds_*"): `lab explain` names the step that carries a gap
+    parts: tuple[str, ...] = ()
 
     def pattern_of(self, metric: str) -> str | None:
         """The pattern this metric is primary by, or None: exploratory."""

@@ -159,7 +159,9 @@ def probe_engines(ctx: WorkloadContext, engines: list[str]) -> dict[str, bool]:
 class PodmanBuild:
     name = "podman-build"
     # the whole build's time per engine and network (its steps are exploratory)
-    primary_metrics = PrimaryMetrics(("build_seconds_*",), per=("engines", "network"))
+    primary_metrics = PrimaryMetrics(
+        ("build_seconds_*",), per=("engines", "network"), parts=tuple(f"{s}_seconds_*" for s in (*STEPS, "commit"))
+    )
     network = True  # its load goes through the client side: one lane at a time (lab.runner.measure)
     client_files = (
         True  # its client side serves a repository of this machine (git daemon): client = "local" only (lab.check)
