@@ -8,10 +8,12 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from lab import IMAGES_DIR, config, proc, statedir
+import lab
+from lab import config, proc, statedir
 from lab.backends.libvirt import kvmdevice
 from lab.backends.local import KVM_PROBE_FILE
 from lab.errors import LabError
+from lab.images import packer
 
 
 @dataclass(frozen=True)
@@ -24,7 +26,7 @@ class Check:
 def _tool(name: str, version_args: list[str], needed_for: str, required: bool = True) -> Check:
     path = shutil.which(name)
     if not path:
-        return Check(name, "fail" if required else "warn", f"not installed (needed for {needed_for}); run `make setup`")
+        return Check(name, "fail" if required else "warn", f"not installed (needed for {needed_for}); {lab.SETUP}")
     try:
         res = proc.run([name, *version_args], timeout=15, check=False)
         first = (res.stdout or res.stderr).strip().splitlines()
@@ -48,6 +50,23 @@ def _existing(path: Path) -> Path:
     return path
 
 
+def _packer_plugins() -> Check:
+    try:
+        state = packer.plugins_state()
+    except LabError as exc:
+        return Check("packer plugins", "warn", str(exc))
+    return Check("packer plugins", "warn" if " lacks " in state else "ok", state)
+
+
+def _package_files() -> Check:
+    """The templates and Packer templates a run renders and builds from, shipped with the package."""
+    needed = [lab.TEMPLATES_DIR / "nginx.conf.j2", lab.PACKER_DIR / "debian12.pkr.hcl"]
+    missing = [str(p) for p in needed if not p.is_file()]
+    if missing:
+        return Check("files", "fail", f"{', '.join(missing)} missing: reinstall the package")
+    return Check("files", "ok", f"templates {lab.TEMPLATES_DIR}, packer {lab.PACKER_DIR}")
+
+
 def run_checks(config_path: str) -> list[Check]:
     checks = [
         _tool("qemu-system-x86_64", ["--version"], "the local backend"),
@@ -58,6 +77,8 @@ def run_checks(config_path: str) -> list[Check]:
         _tool("iperf3", ["--version"], "the iperf3 workloads (client side)"),
         _tool("wrk", ["--version"], "the http/https workloads (client side)", required=False),
     ]
+    if shutil.which("packer"):
+        checks.append(_packer_plugins())
     # KVM: present is not usable; the verdict of the last real boot probe is cached by the backend.
     kvm = os.path.exists("/dev/kvm")
     state = statedir.default_dir()
@@ -95,12 +116,15 @@ def run_checks(config_path: str) -> list[Check]:
         checks.append(
             Check(f"disk {where}", "ok" if free > 5 else ("warn" if free > 2 else "fail"), f"{free:.1f} GiB free")
         )
-    manifests = sorted(IMAGES_DIR.glob("*.json"))
+    checks.append(_package_files())
+    manifests = sorted(lab.IMAGES_DIR.glob("*.json"))
     checks.append(
         Check(
             "images",
             "ok" if manifests else "warn",
-            ", ".join(m.stem for m in manifests) or "none built: run `make images`",
+            f"{', '.join(m.stem for m in manifests)} in {lab.IMAGES_DIR}"
+            if manifests
+            else f"none built in {lab.IMAGES_DIR}: run `{lab.BUILD_IMAGE}` (${lab.IMAGES_ENV} moves it)",
         )
     )
     if Path(config_path).exists():

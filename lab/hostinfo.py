@@ -62,7 +62,90 @@ def local_facts() -> dict[str, Any]:
         "nics": nic_drivers(Path("/sys/class/net")),
         "bridges": bridge_mtus(Path("/sys/class/net")),
         "tools": host_tools(),
+        # what of the host the lab (and every QEMU it starts) may use: a CPU quota on its cgroup (a
+        # systemd slice's CPUQuota=, a container's --cpus) or an affinity (taskset) caps every guest
+        "cpu_quota": cpu_quota(Path("/proc/self")),
+        "cpus_allowed": len(os.sched_getaffinity(0)),
+        **({"machine_id": machine} if (machine := machine_id()) else {}),
     }
+
+
+def machine_id() -> str:
+    """Which machine this is, so that the `local` hosts of two orchestrators whose stores are merged
+    (lab import) stay two hosts: a hash of /etc/machine-id (the id itself is not to be published,
+    machine-id(5)), "" where there is none."""
+    text = _read("/etc/machine-id") or _read("/var/lib/dbus/machine-id")
+    return hashlib.sha256(f"lab:{text}".encode()).hexdigest()[:16] if text else ""
+
+
+# -- the cgroup's CPU quota -------------------------------------------------------------------------
+
+
+def cgroup_paths(text: str) -> dict[str, str]:
+    """Pure: /proc/<pid>/cgroup -> controller -> the process's cgroup in that hierarchy ("" is the
+    cgroup v2 hierarchy)."""
+    out = {}
+    for line in text.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) == 3:
+            for controller in parts[1].split(",") if parts[1] else [""]:
+                out[controller] = parts[2]
+    return out
+
+
+def cgroup_mounts(mountinfo: str) -> dict[str, tuple[str, str]]:
+    """Pure: /proc/<pid>/mountinfo -> controller ("" for cgroup2) -> (mount point, the cgroup that
+    is its root)."""
+    out: dict[str, tuple[str, str]] = {}
+    for line in mountinfo.splitlines():
+        left, _, right = line.partition(" - ")
+        fields, kind = left.split(), right.split()
+        if len(fields) < 5 or len(kind) < 3:
+            continue
+        root, point = (f.replace("\\040", " ") for f in fields[3:5])
+        if kind[0] == "cgroup2":
+            out.setdefault("", (point, root))
+        elif kind[0] == "cgroup":
+            for option in kind[2].split(","):
+                out.setdefault(option, (point, root))
+    return out
+
+
+def quota_cpus(quota: str, period: str) -> float | None:
+    """Pure: a cgroup's quota over its period as CPUs (cgroup v1 cpu.cfs_quota_us, "-1" for none, and
+    cpu.cfs_period_us; v2 the two fields of cpu.max, "max" for none); None: no limit."""
+    try:
+        q, p = int(quota), int(period)
+    except ValueError:
+        return None
+    return q / p if q > 0 and p > 0 else None
+
+
+def _quota_in(cgroup: Path, v2: bool) -> float | None:
+    if v2:
+        fields = _read(str(cgroup / "cpu.max")).split()
+        return quota_cpus(*fields) if len(fields) == 2 else None
+    return quota_cpus(_read(str(cgroup / "cpu.cfs_quota_us")), _read(str(cgroup / "cpu.cfs_period_us")))
+
+
+def cpu_quota(proc_self: Path) -> str:
+    """The tightest CPU quota between the cgroup this process runs in and its hierarchy's root (v1's
+    cpu controller, v2's cpu.max), as "0.5 CPUs", or "none"."""
+    paths = cgroup_paths(_read(str(proc_self / "cgroup")))
+    mounts = cgroup_mounts(_read(str(proc_self / "mountinfo")))
+    limits = []
+    for controller in ("cpu", ""):
+        if controller not in paths or controller not in mounts:
+            continue
+        point, root = mounts[controller]
+        top = Path(point)
+        here = top / os.path.relpath(paths[controller], root) if paths[controller].startswith(root) else top
+        for cgroup in (here, *here.parents):
+            limits.append(_quota_in(cgroup, v2=controller == ""))
+            if cgroup == top:
+                break
+    found = [x for x in limits if x is not None]
+    return f"{min(found):g} CPUs" if found else "none"
 
 
 def _int(text: str) -> int | None:

@@ -12,11 +12,13 @@ import sqlite3
 import threading
 import time
 import urllib.parse
+import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from lab import storeschema
 from lab.errors import LabError, TimeoutError_, UsageError
 from lab.model import RawOutput, Sample
 from lab.storeschema import MIGRATIONS
@@ -213,22 +215,25 @@ class Store:
             self.db.execute("PRAGMA busy_timeout=30000")
             self._migrate()
             return True
-        except StoreError as exc:
+        except LabError as exc:  # a StoreError, or a newer schema
             self.db.close()
             if "database is locked" in str(exc):
                 return False
             raise
 
     def _open_readonly(self) -> None:
-        """Open for reading only, writing nothing beside the file: SQLite's read-only mode, and
-        where even that needs files it cannot make here (a WAL store in a directory this process
-        cannot write to), as an immutable file. A store of an older schema is refused: upgrading
-        it needs a write."""
+        """Open for reading only. Where the store could be written, a connection that refuses to
+        write (query_only): as the last one it removes the -wal and -shm files it opened, as every
+        writer does. Elsewhere SQLite's read-only mode, and where even that needs files it cannot
+        make (a WAL store in a directory this process cannot write to), an immutable file. A store
+        of an older schema is read through a copy upgraded in memory (the file stays as it is);
+        one of a newer schema is refused."""
         if not self.path.is_file():
             raise UsageError(f"no runs in {self.dir} (no {self.FILENAME})")
         uri = "file:" + urllib.parse.quote(str(self.path.resolve()))
         last: Exception | None = None
-        for query in ("mode=ro", "mode=ro&immutable=1"):
+        writable = os.access(self.path, os.W_OK) and os.access(self.dir, os.W_OK)
+        for query in ("mode=rw", "mode=ro", "mode=ro&immutable=1")[0 if writable else 1 :]:
             db = None
             try:
                 db = sqlite3.connect(
@@ -241,6 +246,7 @@ class Store:
                 )
                 db.where = f"results store {self.path} (read-only)"
                 db.hint = "the store is read-only here: copy the results directory somewhere writable to change it"
+                db.execute("PRAGMA query_only = 1")
                 version = db.execute("PRAGMA user_version").fetchone()[0]
                 self.db = db
                 break
@@ -250,13 +256,18 @@ class Store:
                     db.close()
         else:
             raise StoreError(f"results store {self.path} cannot be read: {getattr(last, 'message', last)}")
-        if version != len(MIGRATIONS):
+        if version > len(MIGRATIONS):
             self.db.close()
-            newer = version > len(MIGRATIONS)
-            raise StoreError(
-                f"results store {self.path} (read-only) has schema {version}, this lab reads {len(MIGRATIONS)}",
-                hint="upgrade lab" if newer else "open it once where it can be written",
+            raise UsageError(
+                f"results store {self.path} has schema {version}, newer than this lab's {len(MIGRATIONS)}",
+                hint="upgrade lab",
             )
+        if version < len(MIGRATIONS):  # read through an upgraded copy in memory: the file is never written
+            older, self.db = self.db, sqlite3.connect(":memory:", isolation_level=None, factory=_Connection)
+            self.db.where, self.db.hint = older.where, older.hint
+            older.backup(self.db)
+            older.close()
+            storeschema.apply(self.db, version)
 
     def _migrate(self) -> None:
         version = self.db.execute("PRAGMA user_version").fetchone()[0]
@@ -268,11 +279,8 @@ class Store:
         try:
             version = self.db.execute("PRAGMA user_version").fetchone()[0]
             if version > len(MIGRATIONS):
-                raise LabError(f"{self.path} was written by a newer lab (schema {version}); upgrade lab")
-            for number, sql in enumerate(MIGRATIONS[version:], start=version + 1):
-                for stmt in filter(str.strip, sql.split(";")):
-                    self.db.execute(stmt)
-                self.db.execute(f"PRAGMA user_version = {number}")
+                raise UsageError(f"{self.path} was written by a newer lab (schema {version}); upgrade lab")
+            storeschema.apply(self.db, version)
             self.db.execute("COMMIT")
         except BaseException:
             self.db.execute("ROLLBACK")
@@ -297,10 +305,13 @@ class Store:
         lab_version: str,
         manifest: dict[str, Any],
     ) -> None:
+        # uid: the run's identity in every store it is imported into (lab.storeimport)
+        row = (run_id, name, time.time(), config_path, config_text, seed, lab_version, _j(manifest), uuid.uuid4().hex)
         self.db.execute(
-            "INSERT INTO runs (id, name, started_at, status, config_path, config_text, seed, lab_version, manifest)"
-            " VALUES (?, ?, ?, 'running', ?, ?, ?, ?, ?)",
-            (run_id, name, time.time(), config_path, config_text, seed, lab_version, _j(manifest)),
+            "INSERT INTO runs (id, name, started_at, status, config_path, config_text, seed, lab_version, manifest,"
+            " uid, origin, origin_id)"
+            " VALUES (?, ?, ?, 'running', ?, ?, ?, ?, ?, ?, (SELECT uid FROM store_identity), ?)",
+            (*row, run_id),
         )
 
     def finish_run(self, run_id: str, status: str, error: str | None = None) -> None:

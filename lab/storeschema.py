@@ -1,5 +1,9 @@
 """The results store's schema (lab.store): numbered migrations, applied in order when a store is
-opened. A migration is never edited once released: a new one is appended."""
+opened (`apply`). A migration is never edited once released: a new one is appended."""
+
+from __future__ import annotations
+
+import sqlite3
 
 MIGRATIONS: list[str] = [
     # 1: the first schema
@@ -122,4 +126,31 @@ MIGRATIONS: list[str] = [
     );
     CREATE INDEX stage_times_run ON stage_times(run_id, cell_id)
     """,
+    # 4: identities, so stores from several machines can be merged (lab import, lab.storeimport):
+    # the store's own uid, and per run a uid that is the same in every store it is copied to, the
+    # uid of the store it was measured into (origin) and its id there (an import may rename it:
+    # ids are only unique per store). A run made before this migration gets a uid derived from its
+    # id and start time, so two copies of one store, each migrated on its own, still agree.
+    """
+    CREATE TABLE store_identity (
+        uid TEXT NOT NULL,
+        created_at REAL NOT NULL
+    );
+    INSERT INTO store_identity (uid, created_at)
+        VALUES (lower(hex(randomblob(16))), (julianday('now') - 2440587.5) * 86400.0);
+    ALTER TABLE runs ADD COLUMN uid TEXT;
+    ALTER TABLE runs ADD COLUMN origin TEXT;
+    ALTER TABLE runs ADD COLUMN origin_id TEXT;
+    UPDATE runs SET uid = 'run:' || id || '@' || printf('%.6f', started_at),
+        origin = (SELECT uid FROM store_identity), origin_id = id;
+    CREATE UNIQUE INDEX runs_uid ON runs(uid)
+    """,
 ]
+
+
+def apply(db: sqlite3.Connection, version: int) -> None:
+    """Bring `db` from schema `version` to the newest, in the caller's transaction."""
+    for number, sql in enumerate(MIGRATIONS[version:], start=version + 1):
+        for stmt in filter(str.strip, sql.split(";")):
+            db.execute(stmt)
+        db.execute(f"PRAGMA user_version = {number}")

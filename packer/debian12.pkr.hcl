@@ -15,6 +15,15 @@ variable "disk_in" {
   default     = ""
   description = "the qcow2 made from the mmdebstrap rootfs (copied, never modified)"
 }
+variable "disk_checksum" {
+  type        = string
+  default     = "none"
+  description = "sha256:HEX of disk_in: Packer checks it is the disk lab made (lab images build passes it)"
+  validation {
+    condition     = regex_replace(var.disk_checksum, "^(none|sha256:[0-9a-f]{64})$", "") == ""
+    error_message = "The disk_checksum must be sha256:HEX (64 hex digits) or none."
+  }
+}
 variable "output_dir" {
   type        = string
   default     = ""
@@ -172,7 +181,7 @@ locals {
 
 source "qemu" "debian12" {
   iso_url          = var.disk_in
-  iso_checksum     = "none"
+  iso_checksum     = var.disk_checksum
   disk_image       = true
   use_backing_file = false
   skip_resize_disk = true

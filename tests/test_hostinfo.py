@@ -113,3 +113,65 @@ def test_snapshot_is_stored_and_linked(tmp_path):
     assert "fingerprint " + doc["fingerprint"] in again.stdout and "mitigations." in again.stdout
     bad = lab_cli("snapshot", "nope", "-c", str(tmp_path / "lab.toml"))
     assert bad.returncode == 2 and "no host 'nope'" in bad.stderr
+
+
+# -- the CPU quota of the lab's cgroup (issue 36: a host fact a change point can name) ---------------
+
+
+def test_cgroup_paths_and_mounts_on_captured_files():
+    paths = hostinfo.cgroup_paths((DATA / "hostinfo" / "linux-cgroup-v1-capped.txt").read_text())
+    assert paths["cpu"] == "/lab-capture" and paths[""] == "/" and paths["name=systemd"] == "/"
+    mounts = hostinfo.cgroup_mounts((DATA / "hostinfo" / "linux-mountinfo-cgroup-v1.txt").read_text())
+    assert mounts["cpu"] == ("/sys/fs/cgroup/cpu", "/") and mounts[""] == ("/sys/fs/cgroup/unified", "/")
+    assert "proc" not in mounts and "tmpfs" not in mounts
+
+
+def test_quota_as_cpus():
+    assert hostinfo.quota_cpus("50000", "100000") == 0.5
+    assert hostinfo.quota_cpus("-1", "100000") is None  # v1: no quota
+    assert hostinfo.quota_cpus("max", "100000") is None  # v2: no quota
+    assert hostinfo.quota_cpus("", "") is None
+
+
+def _fake_proc(tmp_path, cgroup_line: str, mount_line: str) -> Path:
+    proc = tmp_path / "proc" / "self"
+    proc.mkdir(parents=True)
+    (proc / "cgroup").write_text(cgroup_line + "\n")
+    (proc / "mountinfo").write_text(mount_line + "\n")
+    return proc
+
+
+def test_the_tightest_quota_between_the_cgroup_and_the_root_counts(tmp_path):
+    top = tmp_path / "cg" / "cpu"
+    for d, quota in ((top, -1), (top / "slice", 150000), (top / "slice" / "lab", -1)):
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "cpu.cfs_quota_us").write_text(f"{quota}\n")
+        (d / "cpu.cfs_period_us").write_text("100000\n")
+    proc = _fake_proc(tmp_path, "1:cpu:/slice/lab", f"32 31 0:29 / {top} rw,relatime - cgroup cgroup rw,cpu")
+    assert hostinfo.cpu_quota(proc) == "1.5 CPUs"  # the slice's, inherited by the lab's cgroup
+    (top / "slice" / "lab" / "cpu.cfs_quota_us").write_text("50000\n")
+    assert hostinfo.cpu_quota(proc) == "0.5 CPUs"  # the tighter one
+    (top / "slice" / "lab" / "cpu.cfs_quota_us").write_text("-1\n")
+    (top / "slice" / "cpu.cfs_quota_us").write_text("-1\n")
+    assert hostinfo.cpu_quota(proc) == "none"
+
+
+def test_cgroup_v2_cpu_max(tmp_path):
+    top = tmp_path / "cg2"
+    (top / "user.slice").mkdir(parents=True)
+    (top / "user.slice" / "cpu.max").write_text("25000 100000\n")
+    proc = _fake_proc(tmp_path, "0::/user.slice", f"41 31 0:38 / {top} rw,relatime - cgroup2 cgroup2 rw")
+    assert hostinfo.cpu_quota(proc) == "0.25 CPUs"
+    (top / "user.slice" / "cpu.max").write_text("max 100000\n")
+    assert hostinfo.cpu_quota(proc) == "none"
+    assert hostinfo.cpu_quota(tmp_path / "nowhere") == "none"  # no /proc: nothing known, nothing limited
+
+
+def test_local_facts_say_which_machine_and_what_the_lab_may_use():
+    f = hostinfo.local_facts()
+    assert f["cpu_quota"].endswith(" CPUs") or f["cpu_quota"] == "none"
+    assert 1 <= f["cpus_allowed"] <= f["cores"]
+    machine = hostinfo.machine_id()
+    assert f.get("machine_id", "") == machine and (machine == "" or len(machine) == 16)
+    if machine:
+        assert machine not in Path("/etc/machine-id").read_text()  # a hash, never the id itself

@@ -8,6 +8,7 @@
 - lab.cli.comparing: compare (two sides, or every cell against its baseline)
 - lab.cli.explaincmds: explain (which knob makes a difference: follow-up cells, effects)
 - lab.cli.imagecmds: images build, ls, render, publish
+- lab.cli.historycmds: history, import, prune
 
 Exit status: 0 success, 1 a run or operation failed (or an unexpected error: one line here, the
 traceback in a log file), 2 bad input (nothing was created), 130 interrupted.
@@ -15,7 +16,14 @@ traceback in a log file), 2 bad input (nothing was created), 130 interrupted.
 
 from __future__ import annotations
 
-from lab.cli import comparing, explaincmds, imagecmds, runcmds, views  # noqa: F401 - each registers its commands on the group
+from lab.cli import (  # noqa: F401 - each registers its commands on the group
+    comparing,
+    explaincmds,
+    historycmds,
+    imagecmds,
+    runcmds,
+    views,
+)
 from lab.cli.group import cli
 from lab.cli.progress import Eta, PlainReporter, RichReporter  # noqa: F401 - tests and callers use lab.cli.Eta
 

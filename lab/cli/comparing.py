@@ -10,7 +10,7 @@ from rich.text import Text
 
 from lab import analysis, compare as compare_mod, results, stats, verdicts
 from lab.cli import shapes
-from lab.cli.group import cli, config_option, open_store, results_option
+from lab.cli.group import cli, config_option, read_store, results_option
 from lab.cli.printing import VERDICT_STYLES, fmt, line, out, say, styled, table
 from lab.cli.views import flag_mark
 from lab.errors import UsageError
@@ -87,7 +87,7 @@ def compare_cmd(run_a, run_b, sel_a, sel_b, baseline, margin, everything, config
     exploratory. `lab compare A B`, `lab compare RUN --a nic=virtio --b nic=e1000`,
     `lab compare RUN --a host=pve1 --b host=bsd1`, `lab compare RUN --baseline`."""
     margin = _margin_pct(margin)
-    store = open_store(config_path, results_dir)
+    store = read_store(config_path, results_dir)
     ra = store.run(run_a)
     if baseline is not None:
         if run_b or sel_a or sel_b:

@@ -149,6 +149,16 @@ def closing(store: Store) -> Store:
     return store
 
 
+def read_store(config_path: str, given: str | None) -> Store:
+    """The store of an existing results directory, opened for reading only: a reading command
+    (ls, show, compare, report, history) writes nothing to it, not even a migration (lab.store
+    reads an older store through an upgraded copy in memory)."""
+    where = results_dir(config_path, given)
+    if not (where / Store.FILENAME).exists():
+        raise UsageError(f"no runs in {where} (no {Store.FILENAME}); `lab run` makes one")
+    return closing(Store(where, readonly=True))
+
+
 def open_store(config_path: str, given: str | None) -> Store:
     """The store of an existing results directory (reading commands never create one; one this
     process cannot write to is opened read-only, lab.store)."""

@@ -17,7 +17,7 @@ from lab.cli.group import (
     config_option,
     install_signal_handlers,
     load_or_default,
-    open_store,
+    read_store,
     require_host,
     restore_signal_handlers,
     results_option,
@@ -202,7 +202,7 @@ def reproduce_cmd(run_ref, cell_id, out_dir, config_path, results_dir):
     bus; its tuning as tune.sh, its workload commands as workloads.sh) to `vagrant up` by hand."""
     from lab import reproduce  # Vagrant's templates load only for this command
 
-    store = open_store(config_path, results_dir)
+    store = read_store(config_path, results_dir)
     made = reproduce.reproduce(
         store, run_ref, cell_id, Path(out_dir) if out_dir else None, ssh_key=backends.default_env(config_path).ssh_key
     )

@@ -201,3 +201,33 @@ class PlainReporter:
 
     def close(self):
         pass
+
+
+class QuietReporter:
+    """`lab run --quiet` (cron): nothing while all goes well; a warning and a failed cell are one
+    line each on stderr."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.run_id = ""
+
+    def run_started(self, run_id, cells, estimate_s, lanes=None):
+        self.run_id = run_id
+
+    def cell_started(self, cell, position, total):
+        pass
+
+    def stage(self, cell, stage, detail=""):
+        pass
+
+    def cell_finished(self, cell, status, error):
+        if status == "failed":
+            with self.lock:
+                err.print(f"lab: run {self.run_id}: {cell.id} {cell.label} failed" + (f": {error}" if error else ""))
+
+    def warn(self, message):
+        with self.lock:
+            err.print(f"lab: warning: run {self.run_id}: {message}")
+
+    def close(self):
+        pass

@@ -10,12 +10,14 @@ import click
 from lab import (
     axes,
     backends,
+    changepoints,
     check,
     clients,
     config,
     doctor,
     estimate,
     gc,
+    history,
     hostinfo,
     plan,
     runner,
@@ -38,7 +40,7 @@ from lab.cli.group import (
     results_option,
 )
 from lab.cli.printing import duration, err, out, say, styled, table, warn
-from lab.cli.progress import PlainReporter, RichReporter
+from lab.cli.progress import PlainReporter, QuietReporter, RichReporter
 from lab.cli.views import print_show
 from lab.errors import LabError, UsageError
 from lab.labconfig import LabConfig
@@ -243,7 +245,7 @@ def _estimate(cfg: LabConfig, units: list[plan.Unit], dups: dict[str, str]) -> e
     if not (cfg.results_dir / Store.FILENAME).exists():  # planning never creates a store
         return estimate.estimate(cfg, units, params, dups)
     try:
-        return estimate.estimate(cfg, units, params, dups, closing(Store(cfg.results_dir)))
+        return estimate.estimate(cfg, units, params, dups, closing(Store(cfg.results_dir, readonly=True)))
     except StoreError as exc:  # a plan is still a plan when the earlier runs cannot be read
         err.print(f"lab: warning: {exc}; the estimate uses the first-run defaults")
         return estimate.estimate(cfg, units, params, dups)
@@ -296,7 +298,13 @@ def _host_watch(cfg) -> dict[str, str]:
     metavar="RUN",
     help="continue RUN: cells that did not finish are run again, finished ones are kept",
 )
-def run_cmd(config_path, run_id, resume):
+@click.option(
+    "--quiet",
+    is_flag=True,
+    help="for cron: no progress and no results table; only warnings, failed cells and regressions "
+    "the run shows in its history (lab history), one line each",
+)
+def run_cmd(config_path, run_id, resume, quiet):
     """Clone -> boot -> verify -> tune -> workloads -> destroy, cell by cell. Results are saved."""
     cfg = config.load(config_path)
     text = Path(config_path).read_text()
@@ -316,18 +324,24 @@ def run_cmd(config_path, run_id, resume):
             raise UsageError(f"cannot resume {resume!r}: no runs in {cfg.results_dir}")
         closing(Store(cfg.results_dir)).run(resume)  # known, and not ambiguous
     prepared = runner.prepare(cfg)  # every check that can fail before anything is created
-    for line in runner.image_lines(prepared):
+    for line in [] if quiet else runner.image_lines(prepared):
         err.print(line, soft_wrap=True)
     warn_capacity(cfg, prepared[2])
     store = new_store(cfg)
-    reporter = RichReporter() if err.is_terminal else PlainReporter()
+    reporter = QuietReporter() if quiet else RichReporter() if err.is_terminal else PlainReporter()
     previous = install_signal_handlers()
     try:
         rid = runner.run_lab(cfg, store, reporter, run_id=run_id, config_text=text, prepared=prepared, resume=resume)
     finally:
         reporter.close()
         restore_signal_handlers(previous)
-    print_show(store, store.run(rid))
+    if quiet:  # what a nightly run should make someone look at: the run's series that it made worse
+        for host in sorted(set(cfg.matrix.host)):
+            for h in history.histories(store, host=host, settings=changepoints.Settings()):
+                if h.regression is not None and h.points[-1].run_id == rid:
+                    err.print(history.regression_line(h, h.regression), soft_wrap=True)
+    else:
+        print_show(store, store.run(rid))
     failed = [c for c in store.cells(rid) if c.status == "failed"]
     if failed:
         err.print(f"{len(failed)} of {len(store.cells(rid))} cells failed; see `lab show {rid}`")

@@ -35,6 +35,8 @@ VERSIONS = {
     "snapshot": 1,
     "images": 1,  # `lab images ls`
     "images.warm": 1,  # `lab images ls --warm`
+    "history": 1,
+    "import": 1,
     "explain": 1,  # `lab explain`: knobs with effect, CI, share of the gap and verdict; interactions; cells
     "explain.plan": 1,  # `lab explain --plan`: the follow-up cells and the estimate
 }

@@ -11,7 +11,15 @@ import click
 
 from lab import analysis, axes, report, results, runner
 from lab.cli import shapes
-from lab.cli.group import cli, closing, config_option, open_store, results_dir as find_results, results_option
+from lab.cli.group import (
+    cli,
+    closing,
+    config_option,
+    open_store,
+    read_store,
+    results_dir as find_results,
+    results_option,
+)
 from lab.cli.printing import clock, duration, fmt, line, out, say, styled, table
 from lab.explain import record as explain_record
 from lab.store import RunRow, Store
@@ -30,7 +38,7 @@ def ls_cmd(config_path, results_dir, as_json):
         else:
             say(f"no runs in {where} yet; `lab run` makes one")  # an answer, not an error
         return
-    store = closing(Store(where))
+    store = closing(Store(where, readonly=True))
     if as_json:
         shapes.emit("ls", shapes.ls_document(where, store))
         return
@@ -207,7 +215,7 @@ def _in_effect(t: dict) -> str:
 @click.option("--all", "everything", is_flag=True, help="also CPU breakdowns and zero error counters")
 def show_cmd(run_ref, config_path, results_dir, as_json, as_csv, everything):
     """The results of one run: a table per workload (median, min–max, n, guest CPU busy %)."""
-    store = open_store(config_path, results_dir)
+    store = read_store(config_path, results_dir)
     run = store.run(run_ref)
     if as_json or as_csv:
         cells = {c.cell_id: c for c in store.cells(run.id)}
@@ -258,10 +266,11 @@ def show_cmd(run_ref, config_path, results_dir, as_json, as_csv, everything):
     type=click.Path(dir_okay=False),
     help="HTML file to write (default: report-<run>.html next to the results store)",
 )
-def report_cmd(run_ref, config_path, results_dir, vs_ref, output):
+@click.option("--history", "with_history", is_flag=True, help="add a trend chart per series of the run (lab history)")
+def report_cmd(run_ref, config_path, results_dir, vs_ref, output, with_history):
     """One self-contained HTML file: charts, results and comparison tables, hosts, manifest."""
-    store = open_store(config_path, results_dir)
-    say(str(report.write(store, run_ref, vs_ref, output)), soft_wrap=True)
+    store = read_store(config_path, results_dir)
+    say(str(report.write(store, run_ref, vs_ref, output, history=with_history)), soft_wrap=True)
 
 
 @cli.command("reparse")

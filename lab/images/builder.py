@@ -10,6 +10,7 @@ from pathlib import Path
 
 import lab
 from lab.errors import LabError, UsageError
+from lab.images import packer
 from lab.images.debian import build_debian
 from lab.images.digest import recipe_digest
 from lab.images.installer import build_iso
@@ -42,12 +43,13 @@ def build(
         if ref is not None:
             say(f"up to date ({digest[:12]})")
             return ref
-    source = resolve_iso(r, idir, iso, iso_checksum) if isinstance(r, IsoRecipe) else None
-    if source is None and os.geteuid() != 0:
+    if r.kind == "debootstrap" and os.geteuid() != 0:
         raise LabError(
-            "building a golden image needs root (mmdebstrap --mode=root, chroot)", hint="run `sudo make images`"
+            "building a golden image needs root (mmdebstrap --mode=root, chroot)", hint=f"run `sudo {lab.BUILD_IMAGE}`"
         )
-    work = lab.PROJECT_ROOT / "build" / name
+    packer.ensure_plugins(say)  # a modern Packer's plugins, before anything is made
+    source = resolve_iso(r, idir, iso, iso_checksum) if isinstance(r, IsoRecipe) else None
+    work = lab.BUILD_DIR / name
     work.parent.mkdir(parents=True, exist_ok=True)
     lock = open(work.parent / f"{name}.lock", "w")
     try:

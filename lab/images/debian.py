@@ -24,6 +24,7 @@ from typing import Any
 import lab
 from lab import proc
 from lab.errors import LabError
+from lab.images.digest import file_sha256
 from lab.images.hostkeys import MANIFEST_KEY, host_keys_from_report, read_host_keys
 from lab.images.keys import key_fingerprint
 from lab.images.manifest import artifact_paths, load, manifest_path, nginx_entry, up_to_date, write_manifest
@@ -136,6 +137,7 @@ def build_debian(r: Recipe, name: str, work: Path, idir: Path, digest: str, say:
     # fallback is DHCP); GRUB gets the base command line.
     pvars = {
         "disk_in": base,
+        "disk_checksum": f"sha256:{file_sha256(base)}",  # else Packer warns of a disk it cannot check
         "output_dir": out_dir,
         "kernel": work / "vmlinuz",
         "initrd": work / "initrd.img",
@@ -313,7 +315,7 @@ def stage_container_base(name: str, stage: Path, log: Path) -> Path:
     if not isinstance(r, Recipe):
         raise LabError(f"image {name!r} is installed from an ISO: it has no Debian base container to stage")
     dest = stage / CONTAINER_TARBALL
-    built = lab.PROJECT_ROOT / "build" / name / "stage" / CONTAINER_TARBALL
+    built = lab.BUILD_DIR / name / "stage" / CONTAINER_TARBALL
     ref = up_to_date(name)
     stage.mkdir(parents=True, exist_ok=True)
     if (
@@ -326,7 +328,7 @@ def stage_container_base(name: str, stage: Path, log: Path) -> Path:
         if os.geteuid() != 0:
             raise LabError(
                 "making the base container image needs root (mmdebstrap --mode=root)",
-                hint="run as root, or `make images` first and render again",
+                hint=f"run as root, or `{lab.BUILD_IMAGE}` first and render again",
             )
         build_container_base(r, dest, debian_mirrors(r.suite), log)
     return dest

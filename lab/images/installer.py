@@ -58,7 +58,7 @@ def build_iso(
         lab.PACKER_DIR / r.packer_template,
         pvars,
         work,
-        cache_dir=lab.PROJECT_ROOT / "build" / "packer-cache",
+        cache_dir=lab.BUILD_DIR / "packer-cache",
         timeout=4 * 3600,
     )
 

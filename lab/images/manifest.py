@@ -49,7 +49,7 @@ def nginx_entry(nginx: dict[str, Any], guest: dict[str, Any]) -> dict[str, Any]:
 
 
 def _not_built(name: str) -> UsageError:
-    how = "make images" if name == "debian12" else f"lab images build {name}"
+    how = lab.BUILD_IMAGE if name == "debian12" else f"lab images build {name}"
     return UsageError(f"image {name!r} is not built: run `{how}`")
 
 
@@ -63,7 +63,9 @@ def load(name: str, images_dir: Path | None = None) -> ImageRef:
     except FileNotFoundError:
         raise _not_built(name) from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise LabError(f"{mpath} is not valid JSON: {exc}", hint="rebuild it: run `make images`") from None
+        raise LabError(
+            f"{mpath} is not valid JSON: {exc}", hint=f"rebuild it: run `lab images build {name} --force`"
+        ) from None
     try:
         disk = idir / manifest["paths"]["disk"]
         ref = ImageRef(
@@ -75,7 +77,7 @@ def load(name: str, images_dir: Path | None = None) -> ImageRef:
             manifest=manifest,
         )
     except (KeyError, TypeError) as exc:
-        raise LabError(f"{mpath} lacks {exc}", hint="rebuild it: run `make images`") from None
+        raise LabError(f"{mpath} lacks {exc}", hint=f"rebuild it: run `lab images build {name} --force`") from None
     if not disk.is_file():
         raise _not_built(name)
     return ref

@@ -15,6 +15,8 @@ Contents, in order:
   (lab.stats.summarize), min–max, CV, n, CPU busy %, flagged repetitions marked;
 - the host's load under each run's samples (lab.hostload): foreign load per cell and every
   flagged repetition with its reason (flagged samples are marked everywhere, never averaged in);
+- with ``history``, a trend chart per series of the run (lab.report.history): every stored run of
+  the same configuration on the same host, with its change points and the host facts that changed;
 - cell facts (accelerator, verified NIC driver / vCPUs / memory, tuning in effect, boot seconds),
   host fingerprints (with ``vs``: the facts that differ between the two runs' hosts highlighted),
   and the exact manifest JSON and lab.toml text of each run.
@@ -37,7 +39,7 @@ from markupsafe import Markup
 
 import lab
 from lab import results
-from lab.report import tables
+from lab.report import history as history_charts, tables
 from lab.report.charts import chart
 from lab.report.data import (
     FLAG_COLOUR,
@@ -84,7 +86,9 @@ def _env() -> jinja2.Environment:
     return env
 
 
-def render(store: Store, run_id: str, vs: str | None = None, *, generated_at: float | None = None) -> str:
+def render(
+    store: Store, run_id: str, vs: str | None = None, *, generated_at: float | None = None, history: bool = False
+) -> str:
     """The report of `run_id` (side A), against `vs` (side B) if given, as one HTML string.
 
     Reads the store only. `run_id`/`vs` may be anything `Store.run` accepts (id, prefix, latest).
@@ -167,6 +171,7 @@ def render(store: Store, run_id: str, vs: str | None = None, *, generated_at: fl
         "cells": [{"run": tables.run_info(rd), "rows": tables.cell_rows(rd, short)} for rd in sides],
         "hosts": tables.hosts(sides),
         "host_load": [tables.host_load(rd, short) for rd in sides],
+        "history": history_charts.sections(store, sides[0].run.id, short) if history else None,
         "generated": when(generated_at if generated_at is not None else time.time()),
         "lab_version": lab.__version__,
         "colours": {"A": RUN_COLOURS[0], "B": RUN_COLOURS[1], "flag": FLAG_COLOUR},
@@ -180,12 +185,14 @@ def default_path(store: Store, run_id: str, vs: str | None = None) -> Path:
     return store.dir / name
 
 
-def write(store: Store, run_id: str, vs: str | None = None, out: Path | str | None = None) -> Path:
+def write(
+    store: Store, run_id: str, vs: str | None = None, out: Path | str | None = None, *, history: bool = False
+) -> Path:
     """Render and write the report; returns the path written. Resolves run references first so
     the default file name carries the full run ids."""
     a = store.run(run_id).id
     b = store.run(vs).id if vs is not None else None
-    html = render(store, a, b)
+    html = render(store, a, b, history=history)
     path = Path(out) if out is not None else default_path(store, a, b)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")

@@ -136,7 +136,7 @@ def fast_import_stream(shape: dict[str, int]) -> bytes:
 
 
 def cache_dir() -> Path:
-    return lab.PROJECT_ROOT / "build" / "git-repos"
+    return lab.BUILD_DIR / "git-repos"
 
 
 def ensure(shape: dict[str, int], root: Path | None = None) -> Repo:

@@ -14,21 +14,27 @@ lab.bench to call. Nothing here is a pass/fail test.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
+import secrets
 import shutil
 import statistics
+import subprocess
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from lab import images
 from lab.backends import Backend, backend_class
+from lab.backends.libvirt import daemons
 from lab.backends.local.settings import Settings as LocalSettings
 from lab.backends.vagrant import box
 from lab.backends.vagrant.backend import VagrantBackend
 from lab.backends.vagrant.settings import Settings as VagrantSettings
+from lab.backends.vagrant.tools import Virsh
 from lab.backends.vagrant.vagrantfile import Machine, render
-from lab.errors import LabError
+from lab.errors import LabError, UsageError
 from lab.model import Client, ImageRef, NicModel, VmSpec
 
 
@@ -168,34 +174,89 @@ def summary(rows_: list[dict]) -> list[str]:
     return lines
 
 
+def _libvirt() -> list[subprocess.Popen]:
+    """The libvirtd the bench's Vagrant needs: when qemu:///system does not answer and this is root,
+    start it (and virtlogd) as the tests do; the daemons started, for the caller to stop. A UsageError
+    says why the part cannot run."""
+    if daemons.libvirtd_answers():
+        return []
+    if os.geteuid() != 0:
+        raise UsageError(f"libvirtd does not answer on {daemons.URI}, and only root may start it here")
+    if not shutil.which("libvirtd"):
+        raise UsageError("libvirtd is not installed (apt-get install libvirt-daemon-system)")
+    print(f"libvirtd does not answer on {daemons.URI}: starting it (and virtlogd) for the bench, stopped after")
+    return daemons.ensure_running()
+
+
+@contextlib.contextmanager
+def _vagrant_host(args: argparse.Namespace) -> Iterator[VagrantSettings]:
+    """The bench's Vagrant host: the home, storage pool and workdir given, or scratch ones (a
+    transient libvirt pool: a fresh libvirtd has none, not even "default"), removed after."""
+    root = Path(tempfile.mkdtemp(prefix="lvh", dir="/var/tmp"))
+    root.chmod(0o755)  # libvirt's QEMU (libvirt-qemu) reaches the pool's volumes through it
+    virsh = Virsh(daemons.URI)
+    pool = args.storage_pool or f"labbench{secrets.token_hex(3)}"
+    try:
+        if not args.storage_pool:
+            (root / "pool").mkdir(mode=0o755)
+            virsh.run(["pool-create-as", pool, "dir", "--target", str(root / "pool")], what="virsh pool-create-as")
+        yield VagrantSettings(
+            backend="vagrant",
+            uri=daemons.URI,
+            vagrant_home=args.vagrant_home or str(root / "home"),
+            storage_pool=pool,
+            workdir=args.workdir or str(root / "work"),
+        )
+    finally:
+        if not args.storage_pool:
+            for name, _ in virsh.volumes(pool):
+                virsh.run(["vol-delete", name, "--pool", pool], what="virsh vol-delete", check=False)
+            virsh.run(["pool-destroy", pool], what="virsh pool-destroy", check=False)
+        shutil.rmtree(root, ignore_errors=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repetitions", type=int, default=3)
     ap.add_argument("--local-workdir", default=None, help="the local backend's workdir (default: a scratch one)")
-    ap.add_argument("--vagrant-home", default=None)
-    ap.add_argument("--storage-pool", default="default")
-    ap.add_argument("--workdir", default="/var/tmp/lab/vagrant-bench")
+    ap.add_argument("--vagrant-home", default=None, help="default: a scratch one (the box is added there)")
+    ap.add_argument("--storage-pool", default=None, help="default: a transient pool of the bench's own")
+    ap.add_argument("--workdir", default=None, help="the vagrant backend's workdir (default: a scratch one)")
     ap.add_argument("--nic", default="virtio", choices=[n.value for n in NicModel])
     args = ap.parse_args()
-    local_dir = args.local_workdir or tempfile.mkdtemp(prefix="lbl", dir="/var/tmp")
-    hosts = {
-        "local": backend_class("local")("local", LocalSettings(backend="local", workdir=local_dir)),
-        "vagrant": VagrantBackend(
-            "vagrant",
-            VagrantSettings(
-                backend="vagrant", vagrant_home=args.vagrant_home, storage_pool=args.storage_pool, workdir=args.workdir
-            ),
-        ),
-    }
-    for b in hosts.values():
-        b.check()
-    image = images.load("debian12")
-    print(f"vagrant box: {hosts['vagrant'].publish_image(image)}")
     try:
-        result = rows(hosts, args.repetitions, nic=NicModel(args.nic))
+        started = _libvirt()
+    except LabError as exc:  # a part of `make bench` that cannot run here says why, in one line
+        print(f"vagrant bench: skipped: {exc}")
+        return
+    try:
+        with _vagrant_host(args) as settings:
+            _bench(args, settings)
     except LabError as exc:
         raise SystemExit(f"bench failed: {exc}") from None
-    print("\n".join(summary(result)))
+    finally:
+        daemons.stop(started)
+
+
+def _bench(args: argparse.Namespace, vagrant_settings: VagrantSettings) -> None:
+    local_dir = Path(args.local_workdir or tempfile.mkdtemp(prefix="lbl", dir="/var/tmp"))
+    hosts = {
+        "local": backend_class("local")("local", LocalSettings(backend="local", workdir=str(local_dir))),
+        "vagrant": VagrantBackend("vagrant", vagrant_settings),
+    }
+    try:
+        for b in hosts.values():
+            b.check()
+        image = images.load("debian12")
+    except LabError as exc:
+        print(f"vagrant bench: skipped: {exc}" + (f" ({exc.hint})" if exc.hint else ""))
+        return
+    try:
+        print(f"vagrant box: {hosts['vagrant'].publish_image(image)}")
+        print("\n".join(summary(rows(hosts, args.repetitions, nic=NicModel(args.nic)))))
+    finally:
+        if not args.local_workdir:
+            shutil.rmtree(local_dir, ignore_errors=True)
 
 
 if __name__ == "__main__":
