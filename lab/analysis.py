@@ -5,8 +5,10 @@
 - Pairing: which cell of A goes with which cell of B (`pair`), cells on one side only are kept
   (lab.compare makes them "missing in A/B" rows, never drops them).
 - The A/A noise floor: a cell and its twin ([suite] noise_floor) measured in the same run give,
-  per workload metric, the ratio two identical setups produce (lab.stats.noise_floor); it is
-  shown beside every row and relabels differences no larger than it ("within noise").
+  per workload metric, the ratio two identical setups produce (lab.stats.noise_floor); it is the
+  margin of that metric's verdicts (lab.verdicts.margin_for): a difference inside it is not called.
+- Primary metrics: each workload declares its headline metrics (lab.workloads.PrimaryMetrics);
+  those rows are answered and corrected together, the others are exploratory (lab.compare).
 - Overhead vs a baseline: every cell against the bare-metal cell (or a chosen reference cell)
   of its host, as "VM -0.52 % [CI] vs bare metal".
 - Host fact differences between the two sides (lab.hostinfo.differences), next to the results,
@@ -22,11 +24,12 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from lab import compare as compare_mod, hostinfo, results, stats
+from lab import compare as compare_mod, hostinfo, results, stats, verdicts
 from lab.axes import AXES, AXES_TABLE, axis, moot
 from lab.errors import UsageError
 from lab.plan import BARE_METAL, TWIN_SUFFIX
 from lab.store import CellRow, SampleRow
+from lab.workloads import load_all
 
 Key = tuple[str, str, str]  # (pair label, workload, metric)
 ISOLATION_DEFAULT = axis("isolation").plain(axis("isolation").default)
@@ -203,22 +206,8 @@ def noise_floor(series: Iterable[results.Series], seed: int = 0) -> dict[tuple[s
             if o is None or len(o.values) < 2 or len(t.values) < 2:
                 continue
             ci = stats.noise_floor(o.values, t.values, seed=seed)
-            out[wm] = widest(out.get(wm), ci)
+            out[wm] = stats.widest(out.get(wm), ci)
     return out
-
-
-def widest(x: stats.RatioCI | None, y: stats.RatioCI) -> stats.RatioCI:
-    if x is None:
-        return y
-    wx, wy = _log_width(x.band()), _log_width(y.band())
-    return x if wx >= wy else y
-
-
-def _log_width(band: tuple[float, float]) -> float:
-    lo, hi = band
-    if lo <= 0 or math.isinf(hi):
-        return math.inf
-    return math.log(hi) - math.log(lo)
 
 
 # -- comparisons -----------------------------------------------------------------------------------
@@ -233,6 +222,15 @@ class Comparison:
     noise: dict[tuple[str, str], stats.RatioCI]  # (workload, metric) -> A/A
     host_diffs: list[tuple[str, str, str, str]]  # (host, fact, A, B)
     load_diff: str = ""  # how the host's load under the two sides differs, "" if it does not
+    margin_pct: float = verdicts.DEFAULT_MARGIN_PCT  # the stated minimum effect the margins start from
+
+    def families(self) -> list[compare_mod.Siblings]:
+        """Each sibling family of the primary rows once, in row order."""
+        seen: dict[str, compare_mod.Siblings] = {}
+        for r in self.rows:
+            if r.siblings is not None:
+                seen.setdefault(r.siblings.family, r.siblings)
+        return list(seen.values())
 
 
 def compare_sides(
@@ -244,6 +242,7 @@ def compare_sides(
     alpha: float = compare_mod.DEFAULT_ALPHA,
     n_resamples: int = stats.DEFAULT_N_RESAMPLES,
     threshold_pct: float = DEFAULT_THRESHOLD,
+    margin_pct: float = verdicts.DEFAULT_MARGIN_PCT,
 ) -> Comparison:
     pairs = pair(a, b)
     la, lb = a.by_label(), b.by_label()
@@ -256,16 +255,40 @@ def compare_sides(
             for (wl, metric), s in by.get(cell.label, {}).items():
                 if comparable(s, everything):
                     out[(label, wl, metric)] = metric_series(s)
-    noise = noise or {}
-    per_key = {k: noise[(k[1], k[2])] for k in set(side_a) | set(side_b) if (k[1], k[2]) in noise}
-    rows = compare_mod.compare(side_a, side_b, alpha=alpha, seed=a.seed, n_resamples=n_resamples, noise_floor=per_key)
+    rows = compare_mod.compare(
+        side_a,
+        side_b,
+        alpha=alpha,
+        seed=a.seed,
+        n_resamples=n_resamples,
+        noise_floor=bands(noise, set(side_a) | set(side_b)),
+        margin_pct=margin_pct,
+    )
     return Comparison(
-        a, b, rows, pairs, noise, host_differences(a.hosts, b.hosts), load_difference(a.load, b.load, threshold_pct)
+        a,
+        b,
+        rows,
+        pairs,
+        noise or {},
+        host_differences(a.hosts, b.hosts),
+        load_difference(a.load, b.load, threshold_pct),
+        margin_pct,
     )
 
 
+def bands(noise: dict[tuple[str, str], stats.RatioCI] | None, keys: set[Key]) -> dict[Key, stats.RatioCI]:
+    """The A/A band of each row's (workload, metric), for the rows that have one."""
+    noise = noise or {}
+    return {k: noise[(k[1], k[2])] for k in keys if (k[1], k[2]) in noise}
+
+
 def metric_series(s: results.Series) -> compare_mod.MetricSeries:
-    return compare_mod.MetricSeries(s.values, s.unit, s.higher_is_better, s.flagged)
+    """A stored series for lab.compare: primary when its workload declares the metric a headline
+    one (a workload this version does not know has none), its family named by that pattern."""
+    known = load_all().get(s.workload)
+    pattern = known.primary_metrics.pattern_of(s.metric) if known is not None else None
+    family = f"{s.workload} {pattern}" if pattern else None
+    return compare_mod.MetricSeries(s.values, s.unit, s.higher_is_better, s.flagged, pattern is not None, family)
 
 
 def load_difference(
@@ -362,37 +385,45 @@ def overheads(
     seed: int = 0,
     everything: bool = False,
     n_resamples: int = stats.DEFAULT_N_RESAMPLES,
+    noise: dict[tuple[str, str], stats.RatioCI] | None = None,
+    margin_pct: float = verdicts.DEFAULT_MARGIN_PCT,
 ) -> list[Overhead]:
-    """Every (non-twin) cell against the baseline cell of its host, per metric. A host without a
-    baseline cell compares against the only baseline there is, if there is exactly one."""
+    """Every (non-twin) cell against the baseline cell of its host, per metric, as one comparison
+    (its primary rows corrected together; `noise`: the run's A/A bands, the margins). A host
+    without a baseline cell compares against the only baseline there is, if there is exactly one."""
     refs = baselines(cells, selector)
     ref_ids = {c.cell_id for c in refs.values()}
     by_label: dict[str, dict[tuple[str, str], results.Series]] = {}
     for s in results.series(samples, cells):
         by_label.setdefault(s.cell, {})[(s.workload, s.metric)] = s
-    out: list[Overhead] = []
+    side_a: dict[Key, compare_mod.MetricSeries] = {}
+    side_b: dict[Key, compare_mod.MetricSeries] = {}
+    reference: dict[str, str] = {}  # cell label -> its baseline's
     for c in cells:
         if c.cell_id in ref_ids or is_twin(c):
             continue
         ref = refs.get(str(c.axes.get("host"))) or (next(iter(refs.values())) if len(refs) == 1 else None)
         if ref is None:
             continue
+        reference[c.label] = ref.label
         base, mine = by_label.get(ref.label, {}), by_label.get(c.label, {})
-        for wm in sorted(set(base) | set(mine)):
-            s = mine.get(wm) or base[wm]
-            if not comparable(s, everything):
+        for wm in set(base) | set(mine):
+            if not comparable(mine.get(wm) or base[wm], everything):
                 continue
-            a = base.get(wm)
-            b = mine.get(wm)
-            row = compare_mod.compare_one(
-                (c.label, *wm),
-                metric_series(a) if a else None,
-                metric_series(b) if b else None,
-                seed=seed,
-                n_resamples=n_resamples,
-            )
-            out.append(Overhead(c.label, ref.label, row))
-    return out
+            for found, out in ((base.get(wm), side_a), (mine.get(wm), side_b)):
+                if found is not None:
+                    out[(c.label, *wm)] = metric_series(found)
+    rows = compare_mod.compare(
+        side_a,
+        side_b,
+        seed=seed,
+        n_resamples=n_resamples,
+        noise_floor=bands(noise, set(side_a) | set(side_b)),
+        margin_pct=margin_pct,
+    )
+    order = {label: i for i, label in enumerate(c.label for c in cells)}
+    rows.sort(key=lambda r: (order[r.key[0]], r.key[1], r.key[2]))  # cells in run order, as before
+    return [Overhead(r.key[0], reference[r.key[0]], r) for r in rows]
 
 
 def fmt_change(pct: float | None, ci: tuple[float, float] | None = None) -> str:

@@ -18,11 +18,13 @@ import random
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, ClassVar, Final, Literal
 
-from lab import axes as axes_table, backends, osfacts, stats, tuning
+from lab import axes as axes_table, backends, osfacts, stats, tuning, verdicts
 from lab.axes import AXES_TABLE
 from lab.errors import UsageError
 from lab.labconfig import KNOWN_IMAGES, LabConfig
 from lab.model import MADE_BY_HOST, ImageRef, Isolation, Runtime, VmSpec
+from lab.workloads import load_all
+from lab.workloads.toolkit import effective_params
 
 
 class _CellBase:
@@ -303,20 +305,86 @@ def comparisons(cells_: list[Unit]) -> list[tuple[str, list[str]]]:
     return out
 
 
-def verdict_reach(cells_: list[Unit], n: int, *, setting: str, alpha: float = 0.05) -> tuple[bool, str]:
-    """Can the comparisons these cells allow give a verdict with `n` repetitions a side (the exact
-    two-sided Mann-Whitney test's smallest p, lab.stats.min_exact_p)? (True, what it can reach) or
-    (False, one warning line naming `setting` and the n that would do). (True, "") with nothing to compare."""
+def comparison_pairs(cells_: list[Unit]) -> list[tuple[str, str]]:
+    """The pairs of matrix cells a comparison of this run will put side by side: every two that
+    differ in one axis only (the earlier cell first), in matrix order. What adaptive repetition
+    decides (lab.schedule.Asked); the A/A twins and bare-metal cells are not among them."""
+    vms = [c for c in cells_ if isinstance(c, Cell) and c.replica == 1]
+    ids = [c.id for c in vms]
+    plain = [tuple(str(a.plain(getattr(c, a.name))) for a in AXES_TABLE) for c in vms]
+    found: set[tuple[int, int]] = set()
+    for k in range(len(AXES_TABLE)):  # cells alike in every other axis, per axis: linear, not quadratic
+        groups: dict[tuple, list[int]] = {}
+        for i, values in enumerate(plain):
+            groups.setdefault(values[:k] + values[k + 1 :], []).append(i)
+        found.update((x, y) for same in groups.values() for j, x in enumerate(same) for y in same[j + 1 :])
+    return [(ids[x], ids[y]) for x, y in sorted(found)]
+
+
+def twin_pairs(cells_: list[Unit]) -> list[tuple[str, str]]:
+    """(cell id, its A/A twin's id) for each twin of the run ([suite] noise_floor)."""
+    return [(replace(c, replica=1).id, c.id) for c in cells_ if isinstance(c, Cell) and c.replica != 1]
+
+
+def primary_rows(cfg: LabConfig) -> int:
+    """How many primary rows a comparison of two cells of this lab tests: each workload's
+    headline metrics (lab.workloads.PrimaryMetrics) with the lab's parameters."""
+    found = load_all()
+    return sum(
+        found[w].primary_metrics.count(effective_params(found[w].defaults, cfg.suite.params.get(w)))
+        for w in cfg.suite.workloads
+        if w in found
+    )
+
+
+def verdict_reach(
+    cells_: list[Unit],
+    n: int,
+    *,
+    rows: int,
+    setting: str,
+    alpha: float = verdicts.DEFAULT_ALPHA,
+    margin_pct: float = verdicts.DEFAULT_MARGIN_PCT,
+) -> tuple[bool, str]:
+    """Can the comparisons these cells allow give verdicts with `n` repetitions a side? Better or
+    worse needs the exact Mann-Whitney test's smallest p (lab.stats.min_exact_p) corrected over the
+    `rows` primary rows a comparison tests (lab.verdicts.best_q: one changed row alone) below
+    alpha; "same" needs the CI of the ratio inside ±margin_pct, which depends on the metric's CV
+    (lab.verdicts.same_reach_cv). (True, what it can reach) or (False, one warning line naming
+    `setting` and the n that would do). (True, "") with nothing to compare."""
     found = comparisons(cells_)
     if not found:
         return True, ""
     what = " and ".join(f"{axis} {' vs '.join(values)}" for axis, values in found)
     best = stats.min_exact_p(n, n)
-    if best < alpha:
-        return True, f"{what} can reach p = {best:.2g} with {n} repetitions a side (a verdict needs < {alpha:g})"
-    enough = next(k for k in range(n + 1, 100) if stats.min_exact_p(k, k) < alpha)
-    return False, (
-        f"{setting}: {what} can reach p = {best:.2g} at best, never < {alpha:g}; "
-        f"repetitions = {enough} gives {stats.min_exact_p(enough, enough):.2g}, "
-        f"{enough + 1} gives {stats.min_exact_p(enough + 1, enough + 1):.2g}"
+    if best >= alpha:
+        enough = next(k for k in range(n + 1, 100) if stats.min_exact_p(k, k) < alpha)
+        return False, (
+            f"{setting}: {what} can reach p = {best:.2g} at best, never < {alpha:g}; "
+            f"repetitions = {enough} gives {stats.min_exact_p(enough, enough):.2g}, "
+            f"{enough + 1} gives {stats.min_exact_p(enough + 1, enough + 1):.2g}"
+        )
+    q = verdicts.best_q(n, rows)
+    more = max(n + 1, 2 * n)
+    same = (
+        f'"same" within ±{margin_pct:g} % (or a wider A/A band) needs a CV below about '
+        f"{verdicts.same_reach_cv(n, margin_pct) * 100:.1f} % (repetitions = {more}: "
+        f"{verdicts.same_reach_cv(more, margin_pct) * 100:.1f} %)"
+    )
+    if q >= alpha:
+        enough_q = verdicts.n_for_q(rows, alpha)
+        return False, (
+            f"{setting}: {what}: one changed primary row among the {rows} a comparison tests reaches q = {q:.2g} "
+            f"at best after correction, never < {alpha:g} (rows that change together can: each reaches "
+            f"{best:.2g} when all do)"
+            + (
+                f"; repetitions = {enough_q} lets one alone reach {verdicts.best_q(enough_q, rows):.2g}"
+                if enough_q
+                else ""
+            )
+            + f"; {same}"
+        )
+    return True, (
+        f"{what} can reach p = {best:.2g} with {n} repetitions a side; one changed primary row among the "
+        f"{rows} a comparison tests reaches q = {q:.2g} (better/worse needs < {alpha:g}); {same}"
     )

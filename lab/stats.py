@@ -256,6 +256,21 @@ def noise_floor(
     return ratio_ci(first, second, seed=seed, confidence=confidence, n_resamples=n_resamples)
 
 
+def widest(x: RatioCI | None, y: RatioCI) -> RatioCI:
+    """Of two A/A noise floors, the one whose band is wider on a log scale (x may be None): with
+    several twins the floor is what identical setups can differ by anywhere in the run."""
+    if x is None:
+        return y
+    return x if _log_width(x.band()) >= _log_width(y.band()) else y
+
+
+def _log_width(band: tuple[float, float]) -> float:
+    lo, hi = band
+    if lo <= 0 or math.isinf(hi):
+        return math.inf
+    return math.log(hi) - math.log(lo)
+
+
 def min_exact_p(n_a: int, n_b: int) -> float:
     """Smallest two-sided p-value an exact Mann-Whitney test can give for these sample sizes.
 

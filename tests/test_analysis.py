@@ -233,11 +233,19 @@ def test_noise_floor_from_the_twin(store):
     lo, hi = nf[("iperf3-tcp", "throughput_mbit_s_tx")].band()
     assert lo < 0.98 and hi > 1.02  # the twin ran 2.5 % slower: identical setups differ that much
     assert analysis.noise_floor(results.series(store.samples("r2"), store.cells("r2"))) == {}  # no twin in r2
-    # r1 -> r2: virtio +2 % is significant by the tests, but inside the A/A band: within noise
+    # r1 -> r2: virtio +2 % is significant by the tests, but inside the margin (the A/A band here is
+    # narrower than the ±7.5 % minimum, so the minimum): the same
     cmp = analysis.compare_sides(side(store, "r1"), side(store, "r2"), noise=nf, n_resamples=R)
     virtio = next(r for r in cmp.rows if r.key[2] == "throughput_mbit_s_tx" and nic_of(r.key[0]) == "virtio")
-    assert virtio.significant is True and virtio.verdict == Verdict.WITHIN_NOISE
-    assert virtio.noise_band == pytest.approx((lo, hi))
+    assert virtio.significant is True and virtio.verdict == Verdict.SAME and virtio.primary
+    assert virtio.noise_band == pytest.approx((lo, hi)) and virtio.margin.text() == "±7.5 %"
+    # a wider stated minimum, and the band as the margin where it is wider than the minimum
+    narrow = analysis.compare_sides(side(store, "r1"), side(store, "r2"), noise=nf, n_resamples=R, margin_pct=1)
+    v1 = next(r for r in narrow.rows if r.key[2] == "throughput_mbit_s_tx" and nic_of(r.key[0]) == "virtio")
+    assert v1.margin.source == "A/A band" and (v1.margin.low, v1.margin.high) == pytest.approx((lo, hi))
+    # exploratory rows: the CPU and the retransmits are not iperf3's headline metrics
+    cpu = next(r for r in cmp.rows if r.key[2] == "cpu_busy_pct_tx" and nic_of(r.key[0]) == "virtio")
+    assert cpu.verdict == Verdict.EXPLORATORY and cpu.q_value is None
     e1000 = next(r for r in cmp.rows if r.key[2] == "throughput_mbit_s_tx" and nic_of(r.key[0]) == "e1000")
     assert e1000.verdict == Verdict.BETTER  # +20 % is far outside it
 
@@ -286,7 +294,8 @@ def test_cli_compare_two_runs_shows_noise_and_host_facts(store):
     res = cli(store, "compare", "r1", "r2")
     assert res.returncode == 0, res.stderr
     out = res.stdout
-    assert "A/A band" in out and "within noise" in out and "missing in A" in out and "missing in B" in out
+    assert "A/A band" in out and "same" in out and "missing in A" in out and "missing in B" in out
+    assert "exploratory" in out and "Benjamini-Hochberg" in out
     assert "host facts that differ (2)" in out and "kernel" in out and "6.12.0" in out
 
 

@@ -161,12 +161,15 @@ def test_show_and_compare_json_carry_their_schema(fake_lab):
     assert shown["run"]["id"] == rid and len(shown["cells"]) == 2 and len(shown["samples"]) == 8
     cmp = document(
         lab_cli("compare", rid, "--a", "nic=virtio", "--b", "nic=e1000", "--json", *at, cwd=fake_lab.dir),
-        "lab.compare/1",
+        "lab.compare/2",
     )
     assert cmp["a"] == {"run": rid, "selector": {"nic": "virtio"}} and cmp["rows"]
-    assert set(cmp) >= {"b", "host_differences", "host_load"}
+    assert set(cmp) >= {"b", "host_differences", "host_load", "alpha", "margin_pct", "primary_rows", "families"}
+    ops = next(r for r in cmp["rows"] if r["key"][2] == "ops_per_s")  # fake-work's primary metric
+    assert ops["primary"] is True and ops["verdict"] in ("better", "worse", "same", "unknown", "not enough samples")
+    assert set(ops) >= {"p_value", "q_value", "effect", "margin", "equivalence_ci"}
     over = document(
-        lab_cli("compare", rid, "--baseline", "nic=virtio", "--json", *at, cwd=fake_lab.dir), "lab.compare.baseline/1"
+        lab_cli("compare", rid, "--baseline", "nic=virtio", "--json", *at, cwd=fake_lab.dir), "lab.compare.baseline/2"
     )
     assert over["run"] == rid and over["selector"] == {"nic": "virtio"} and over["rows"]
     assert all("change_pct" in r and "baseline" in r for r in over["rows"])

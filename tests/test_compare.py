@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
 
 import numpy as np
 import pytest
 
-from lab import stats
+from lab import stats, verdicts
 from lab.compare import MetricSeries, Row, Verdict, compare, compare_one
 from lab.errors import LabError
 
@@ -39,8 +40,9 @@ def test_verdict_strings_are_the_documented_ones():
     assert {v.value for v in Verdict} == {
         "better",
         "worse",
-        "no significant difference",
-        "no significant difference (within noise)",
+        "same",
+        "unknown",
+        "exploratory",
         "not enough samples",
         "missing in A",
         "missing in B",
@@ -53,23 +55,23 @@ def test_verdict_strings_are_the_documented_ones():
 # --- statistical behaviour over seeded trials --------------------------------------------------
 
 
-def test_aa_same_distribution_is_no_significant_difference():
-    """A/A: normal, CV 3 %, n = 10 per side, alpha 0.05: at least 95 % "no significant difference".
+def test_aa_same_distribution_is_never_better_or_worse_and_mostly_same():
+    """A/A: normal, CV 3 %, n = 10 per side, one row tested alone, the default margin (±7.5 %).
 
-    95 % is the nominal rate itself, so 200 trials sit too close to the bound (seeds 0-199 give
-    exactly 190/200) and any change in a resampling stream could flip the test. 1000 trials
-    (about 4 s) measure the rate well: 976/1000 here, i.e. 2.4 % false positives; the
-    Mann-Whitney test alone flags 4.1 %, its exact size at 10 vs 10 being about 4.3 %."""
-    trials = 1000
+    Until verdicts had a margin this test allowed 5 % "better/worse" (the rank test's own rate);
+    now a verdict also needs the effect beyond the margin, which two identical setups at CV 3 %
+    never show at n = 10, and equivalence within the margin is shown in nearly every trial. 500
+    trials (1,000 before: the rank test's own rate no longer has to be measured at 5 %)."""
+    trials = 500
     rows = []
     for seed in range(trials):
         rng = np.random.default_rng(seed)
         rows.append(one(normal(rng, 10), normal(rng, 10), seed=seed))
-    flagged = [r for r in rows if r.verdict != Verdict.NO_DIFFERENCE]
-    assert {r.verdict for r in flagged} <= {Verdict.BETTER, Verdict.WORSE}
-    assert len(flagged) / trials <= 0.05, f"{len(flagged)} of {trials} A/A trials flagged"
-    # Requiring the CI as well never adds false positives to the rank test's.
-    assert len(flagged) <= sum(r.p_value < 0.05 for r in rows)
+    verdicts = collections.Counter(r.verdict for r in rows)
+    assert set(verdicts) <= {Verdict.SAME, Verdict.UNKNOWN}, verdicts
+    assert verdicts[Verdict.SAME] / trials >= 0.95, verdicts
+    # the rank test alone flags its nominal rate; the margin is what keeps those from being verdicts
+    assert 0.02 <= sum(r.p_value < 0.05 for r in rows) / trials <= 0.06
 
 
 @pytest.mark.parametrize(
@@ -83,13 +85,17 @@ def test_aa_same_distribution_is_no_significant_difference():
     ids=["throughput-up", "throughput-down", "latency-up", "latency-down"],
 )
 def test_ten_percent_shift_is_detected_in_the_right_direction(kind, shift, expected):
-    hits = 0
+    """n = 10, CV 3 %: a 10 % shift beyond the default ±7.5 % margin. Was >= 95 % before verdicts
+    needed the estimate beyond a margin; a 10 % shift's estimate falls inside ±7.5 % about one
+    time in ten at this n (then "unknown", seldom "same": TOST's 5 % at the margin itself, less
+    beyond it), never the wrong direction."""
+    said = collections.Counter()
     for seed in range(TRIALS):
         rng = np.random.default_rng(10_000 + seed)
         row = one(normal(rng, 10), normal(rng, 10, mean=100.0 * shift), kind=kind, seed=seed)
-        assert row.verdict in (expected, Verdict.NO_DIFFERENCE), row  # never the wrong direction
-        hits += row.verdict == expected
-    assert hits / TRIALS >= 0.95, f"detected in {hits} of {TRIALS}"
+        said[row.verdict] += 1
+    assert set(said) <= {expected, Verdict.UNKNOWN, Verdict.SAME}, said  # never the wrong direction
+    assert said[expected] / TRIALS >= 0.85 and said[Verdict.SAME] / TRIALS <= 0.02, said
 
 
 # --- rows, missing cells, sorting ------------------------------------------------------------
@@ -109,7 +115,7 @@ def test_missing_cells_on_either_side_are_rows_not_dropped():
     assert by_key[only_a].verdict == Verdict.MISSING_B
     assert by_key[empty_b].verdict == Verdict.MISSING_B
     assert by_key[only_b].verdict == Verdict.MISSING_A
-    assert by_key[both].verdict in (Verdict.NO_DIFFERENCE, Verdict.BETTER, Verdict.WORSE)
+    assert by_key[both].verdict in (Verdict.SAME, Verdict.UNKNOWN, Verdict.BETTER, Verdict.WORSE)
     missing_b = by_key[only_a]
     assert (
         missing_b.n_a,
@@ -153,7 +159,12 @@ def test_row_fields():
     assert row.ratio == pytest.approx(np.median(b) / np.median(a))
     assert row.ratio_ci is not None and row.ratio_ci[0] <= row.ratio <= row.ratio_ci[1]
     assert row.p_value < 0.05 and row.significant is True and row.verdict == Verdict.BETTER
-    assert row.noise_band is None
+    assert row.primary and row.q_value == row.p_value  # tested alone: q is p
+    assert row.effect == pytest.approx(row.ratio - 1.0)
+    assert row.margin == verdicts.Margin.stated(7.5) and row.margin.source == "stated"
+    lo, hi = row.equivalence_ci
+    assert row.ratio_ci[0] <= lo <= row.ratio <= hi <= row.ratio_ci[1]  # the 90 % CI inside the 95 %
+    assert row.noise_band is None and row.siblings is None
     assert row.summary_a == stats.summarize(a, seed=0, confidence=0.95, n_resamples=R)
     with pytest.raises(dataclasses.FrozenInstanceError):
         row.verdict = Verdict.WORSE  # type: ignore[misc]
@@ -187,7 +198,7 @@ def test_single_values_do_not_crash():
 
 def test_constant_inputs():
     same = one([5.0] * 6, [5.0] * 6)
-    assert same.verdict == Verdict.NO_DIFFERENCE
+    assert same.verdict == Verdict.SAME
     assert (same.ratio, same.ratio_ci, same.p_value) == (1.0, (1.0, 1.0), 1.0)
     up = one([5.0] * 6, [6.0] * 6)
     assert up.verdict == Verdict.BETTER and up.ratio == pytest.approx(1.2)
@@ -202,7 +213,7 @@ def test_zero_median_ratio():
     assert row.ratio == math.inf and row.ratio_ci is not None and row.ratio_ci[1] == math.inf
     assert row.verdict == Verdict.WORSE and row.significant is True
     zeros = one([0.0] * 5, [0.0] * 5, kind=COUNT)
-    assert zeros.ratio == 1.0 and zeros.verdict == Verdict.NO_DIFFERENCE
+    assert zeros.ratio == 1.0 and zeros.verdict == Verdict.SAME
 
 
 def test_informational_metrics_have_no_direction_but_keep_significance():
@@ -236,23 +247,27 @@ def test_alpha_is_validated_and_sets_confidence():
 # --- noise floor -------------------------------------------------------------------------------
 
 
-def test_noise_floor_marks_differences_no_larger_than_aa():
+def test_the_aa_band_is_the_margin_where_measured():
     rng = np.random.default_rng(6)
-    a, b = normal(rng, 10, cv=0.01), normal(rng, 10, mean=103.0, cv=0.01)  # +3 %, clearly significant
+    a, b = normal(rng, 10, cv=0.01), normal(rng, 10, mean=110.0, cv=0.01)  # +10 %, clearly significant
     plain = one(a, b)
-    assert plain.verdict == Verdict.BETTER
-    wide_aa = stats.RatioCI(1.0, 0.95, 1.05, 0.95)  # identical clones differ by up to 5 %
+    assert plain.verdict == Verdict.BETTER and plain.margin.source == "stated"
+    wide_aa = stats.RatioCI(1.0, 0.85, 1.15, 0.95)  # identical clones differ by up to 15 %
     narrow_aa = stats.RatioCI(1.0, 0.99, 1.01, 0.95)
     within = one(a, b, noise=wide_aa)
-    assert within.verdict == Verdict.WITHIN_NOISE and within.significant is True
-    assert within.noise_band == pytest.approx((0.95, 1 / 0.95))
-    assert one(a, b, noise=narrow_aa).verdict == Verdict.BETTER
+    # inside what identical setups differ by: the same, though the rank test is significant
+    assert within.verdict == Verdict.SAME and within.significant is True
+    assert within.noise_band == pytest.approx((0.85, 1 / 0.85))
+    assert (within.margin.low, within.margin.high, within.margin.source) == pytest.approx((0.85, 1 / 0.85, "A/A band"))
+    # a band narrower than the minimum effect: the minimum counts
+    narrow = one(a, b, noise=narrow_aa)
+    assert narrow.verdict == Verdict.BETTER and narrow.margin == verdicts.Margin.stated()
     # Through compare(): looked up by key, and absent keys get no band.
     rows = compare(
         {"k": series(a), "j": series(a)}, {"k": series(b), "j": series(b)}, n_resamples=R, noise_floor={"k": wide_aa}
     )
     by_key = {r.key: r for r in rows}
-    assert by_key["k"].verdict == Verdict.WITHIN_NOISE
+    assert by_key["k"].verdict == Verdict.SAME
     assert by_key["j"].verdict == Verdict.BETTER and by_key["j"].noise_band is None
 
 
@@ -262,6 +277,73 @@ def test_noise_floor_from_real_aa_repetitions():
     aa = stats.noise_floor(first, second, seed=0, n_resamples=R)
     lo, hi = aa.band()
     assert lo < 1.0 < hi
-    # A no-difference verdict stays a plain no-difference: the band only relabels significant ones.
+    # a third identical setup against the first, judged against that band: the same
     row = one(first, normal(rng, 10), noise=aa)
-    assert row.verdict == Verdict.NO_DIFFERENCE
+    assert row.verdict == Verdict.SAME
+
+
+# --- primary rows, the correction, siblings ----------------------------------------------------
+
+
+def test_exploratory_rows_get_figures_and_no_verdict_and_are_not_corrected():
+    rng = np.random.default_rng(8)
+    a = {"head": series(normal(rng, 6)), "tail": MetricSeries(normal(rng, 6), "ms", False, primary=False)}
+    b = {
+        "head": series(normal(rng, 6, mean=80.0)),
+        "tail": MetricSeries(normal(rng, 6, 130.0), "ms", False, primary=False),
+    }
+    rows = {r.key: r for r in compare(a, b, n_resamples=R)}
+    tail = rows["tail"]
+    assert tail.verdict == Verdict.EXPLORATORY and not tail.primary
+    assert tail.p_value < 0.05 and tail.ratio_ci is not None and tail.q_value is None and tail.margin is None
+    head = rows["head"]
+    assert head.verdict == Verdict.WORSE and head.q_value == head.p_value  # the only primary row: q = p
+
+
+def test_primary_rows_are_corrected_together():
+    """Benjamini-Hochberg over the primary rows with a p: one 5 vs 5 change alone reaches
+    q = 0.0079 x rows, so among 6 rows it is still called and among 7 it is not."""
+    rng = np.random.default_rng(9)
+
+    def sides(rows: int):
+        a = {f"r{i}": series(normal(rng, 5)) for i in range(rows)}
+        b = {f"r{i}": series(normal(rng, 5, mean=70.0 if i == 0 else 100.0)) for i in range(rows)}
+        a["gone"] = series(normal(rng, 5))  # missing in B: no p, not counted
+        return a, b
+
+    six = {r.key: r for r in compare(*sides(6), n_resamples=R)}
+    assert six["r0"].p_value == pytest.approx(2 / 252)
+    assert six["r0"].q_value == pytest.approx(6 * 2 / 252) and six["r0"].verdict == Verdict.WORSE
+    assert six["gone"].q_value is None and six["gone"].verdict == Verdict.MISSING_B
+    seven = {r.key: r for r in compare(*sides(7), n_resamples=R)}
+    assert seven["r0"].q_value == pytest.approx(7 * 2 / 252) and seven["r0"].verdict == Verdict.UNKNOWN
+    # two rows that both move support each other: q of each is 0.0079 x 7 / 2
+    a, b = sides(7)
+    b["r1"] = series(normal(rng, 5, mean=70.0))
+    both = {r.key: r for r in compare(a, b, n_resamples=R)}
+    assert both["r0"].q_value == pytest.approx(3.5 * 2 / 252) and both["r1"].verdict == Verdict.WORSE
+
+
+def test_siblings_agree_or_reverse():
+    rng = np.random.default_rng(10)
+    fam = "http requests_per_s_*"
+    a = {f"c{k}": MetricSeries(normal(rng, 8), "req/s", True, family=fam) for k in (10, 50, 100)}
+    a["other"] = MetricSeries(normal(rng, 8), "req/s", True, family="sysbench events_per_s_*")
+    b = {
+        "c10": MetricSeries(normal(rng, 8, mean=60.0), "req/s", True, family=fam),
+        "c50": MetricSeries(normal(rng, 8, mean=65.0), "req/s", True, family=fam),
+        "c100": MetricSeries(normal(rng, 8, mean=70.0), "req/s", True, family=fam),
+        "other": MetricSeries(normal(rng, 8), "req/s", True, family="sysbench events_per_s_*"),
+    }
+    rows = {r.key: r for r in compare(a, b, n_resamples=R)}
+    sib = rows["c10"].siblings
+    assert sib is not None and sib == rows["c100"].siblings
+    assert (sib.rows, sib.worse, sib.better, sib.agrees, sib.reverses) == (3, 3, 0, True, False)
+    assert sib.text() == "http requests_per_s_*: 3 rows, all worse (3 worse)"
+    assert rows["other"].siblings is None  # a family of one
+    b["c100"] = MetricSeries(normal(rng, 8, mean=140.0), "req/s", True, family=fam)  # better at 100 connections
+    rows = {r.key: r for r in compare(a, b, n_resamples=R)}
+    sib = rows["c10"].siblings
+    assert sib is not None and sib.reverses and not sib.agrees
+    assert sib.text() == "http requests_per_s_*: reverses: 1 better, 2 worse of 3 rows (1 better, 2 worse)"
+    assert rows["c100"].as_dict()["siblings"]["reverses"] is True

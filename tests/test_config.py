@@ -74,12 +74,13 @@ def test_project_default_lab_is_valid():
     cfg = config.load(config.Path(__file__).parent.parent / "lab.toml")
     assert {n.value for n in cfg.matrix.nic} == {"virtio", "e1000"}
     assert [cfg.hosts[h].backend for h in cfg.matrix.host] == ["local"]
-    # The default lab answers its own question: virtio vs e1000 can reach p < 0.05 (issue 24),
-    # with the A/A band measured beside it.
+    # The default lab answers its own question: virtio vs e1000 can reach p < 0.05 (issue 24), and
+    # q < 0.05 after correction over its 5 primary rows (issue 34), with the A/A band measured beside it.
     from lab import plan
 
-    ok, text = plan.verdict_reach(plan.units(cfg), cfg.suite.repetitions, setting="suite.repetitions")
-    assert ok and "nic virtio vs e1000" in text, text
+    rows = plan.primary_rows(cfg)
+    ok, text = plan.verdict_reach(plan.units(cfg), cfg.suite.repetitions, rows=rows, setting="suite.repetitions")
+    assert ok and rows == 5 and "nic virtio vs e1000" in text and "reaches q = 0.04" in text, text
     assert cfg.suite.noise_floor and {"iperf3-tcp", "http"} <= set(cfg.suite.workloads)
 
 

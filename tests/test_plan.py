@@ -75,3 +75,32 @@ def _image():
 def test_exclude_may_name_an_optional_axis_at_its_default():
     c = cfg(cc=["default", "bbr"], nic=["virtio", "e1000"], exclude=[{"cc": "default", "nic": "e1000"}])
     assert [x.id for x in plan.cells(c)] == ["c01", "c02", "c04"]
+
+
+def test_the_comparisons_a_run_will_be_asked():
+    cfg = config.parse({"matrix": {"nic": ["virtio", "e1000"], "vcpus": [1, 2]}, "suite": {"noise_floor": True}})
+    units = plan.units(cfg)
+    # c01 virtio/1, c02 virtio/2, c03 e1000/1, c04 e1000/2: pairs differ in one axis; no twin, no diagonal
+    assert plan.comparison_pairs(units) == [("c01", "c02"), ("c01", "c03"), ("c02", "c04"), ("c03", "c04")]
+
+
+def test_verdict_reach_counts_the_primary_rows_a_comparison_corrects_for():
+    cfg = config.parse(
+        {"matrix": {"nic": ["virtio", "e1000"]}, "suite": {"workloads": ["container-start"], "repetitions": 5}}
+    )
+    units = plan.units(cfg)
+    rows = plan.primary_rows(cfg)
+    assert rows == 12  # 2 runtimes x 3 networks x 2 stores: one start time each
+    ok, text = plan.verdict_reach(units, 5, rows=rows, setting="suite.repetitions = 5")
+    assert not ok
+    assert text.startswith(
+        "suite.repetitions = 5: nic virtio vs e1000: one changed primary row among the 12 a comparison tests "
+        "reaches q = 0.095 at best after correction, never < 0.05"
+    )
+    assert "repetitions = 6 lets one alone reach 0.026" in text and '"same" within ±7.5 %' in text
+    ok, text = plan.verdict_reach(units, 6, rows=rows, setting="suite.repetitions = 6")
+    assert ok and "reaches q = 0.026" in text
+    ok, text = plan.verdict_reach(units, 3, rows=rows, setting="suite.repetitions = 3")
+    assert not ok and "can reach p = 0.1 at best" in text
+    one_cell = config.parse({"suite": {"workloads": ["container-start"]}})
+    assert plan.verdict_reach(plan.units(one_cell), 5, rows=12, setting="x") == (True, "")

@@ -276,11 +276,16 @@ def test_comparison_table_verdicts_and_missing(versus):
         verdict[(cell, metric)] = (v, cls.split()[0])
     assert verdict[("virtio", "throughput_mbit_s_tx")] == ("better", "better")
     assert verdict[("virtio", "throughput_mib_s")] == ("worse", "worse")
-    assert verdict[("virtio", "requests_per_s_c10")] == ("no significant difference", "nodiff")
+    assert verdict[("virtio", "requests_per_s_c10")] == ("same", "same")  # +0.1 %: within ±7.5 %
     assert verdict[("e1000", "throughput_mbit_s_tx")] == ("missing in B", "missing")
-    assert verdict[("virtio", "cpu_busy_pct_tx")][0] in ("no significant difference", "better", "worse")
-    # ratio B/A of the medians is shown
+    assert verdict[("virtio", "cpu_busy_pct_tx")] == ("exploratory", "info")  # not a headline metric
+    # q over the 4 primary rows both sides have (3 moved at p = 0.0079: q = 0.0079 x 4 / 3), the margin
     tx = [b for _, _, b in rows if ">throughput_mbit_s_tx<" in b and ">virtio<" in b][0]
+    assert '<td class="num">0.011</td><td class="num">±7.5 %</td>' in tx
+    assert "4 primary rows tested" in versus
+    siblings = re.search(r'<ul class="small" id="compare-siblings">(.*?)</ul>', versus, re.S).group(1)
+    assert "iperf3-tcp throughput_mbit_s_*: 2 rows, all better (2 better)" in siblings
+    # ratio B/A of the medians is shown
     assert report.fmt(2605 / 2300) in tx
     # the cells overview says which cell B is missing / failed
     cells = re.search(r'<table id="compare-cells">(.*?)</table>', versus, re.S).group(1)

@@ -243,3 +243,28 @@ def test_gc_removes_what_a_partial_listing_found_and_says_what_it_could_not_chec
     report = gc.collect(cfg, hosts=["f"])
     assert report.removed == 1 and fake.LIVE == {}
     assert report.errors == ["f: not checked: node2: offline"]
+
+
+def test_adaptive_repetitions_go_on_while_a_primary_row_is_unknown(fake_lab):
+    """Two cells differing in one axis (a comparison the run will be asked): the CI target (±50 %)
+    is met at n = 5 by both, but at n = 5 their fake-work ops/s (its primary metric, CV 9 %) is
+    neither different nor the same within ±7.5 %. c01, measured first, has nobody to compare with
+    yet and stops; c02 goes on until its row is decided or the budget is spent: here the budget,
+    since c01's five values bound how narrow the CI of the ratio can get (sequential order)."""
+    fake_lab.write(
+        matrix='nic = ["virtio", "e1000"]',
+        host="",
+        suite="repetitions = 5\ntarget_ci_pct = 50.0\nmax_repetitions = 12\nseed = 1\n"
+        "[suite.params.fake-work]\nvalues = [100.0, 115.0, 88.0, 108.0, 92.0, 104.0, 96.0]",
+    )
+    cfg, store, rid = run(fake_lab)
+    stopped = store.run(rid).manifest["repetitions"]
+    assert stopped["c01"]["fake-work"] == {
+        "n": 5,
+        "load_flagged": 0,
+        "seconds": 5.0,
+        "stopped": "95 % CI of the median within ±50 % at n = 5",
+    }
+    later = stopped["c02"]["fake-work"]
+    assert (later["n"], later["stopped"]) == (12, "budget: 12 repetitions (unknown: ops_per_s vs c01)"), later
+    assert store.run(rid).manifest["schedule"]["decide"] == {"margin_pct": 7.5, "alpha": 0.05}

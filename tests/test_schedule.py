@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import collections
+import functools
 
 import numpy as np
 import pytest
 
-from lab import clientload, config, errors, flags, hostload, plan, schedule
+from lab import clientload, config, errors, flags, hostload, plan, schedule, verdicts
 from lab.model import Sample
+from lab.workloads import PrimaryMetrics
 
 
 def suite(**kw) -> config.SuiteSection:
@@ -113,6 +115,7 @@ def test_outcome_describe_planned_skipped():
         "target_ci_pct": 3.0,
         "max_repetitions": 9,
         "max_seconds": None,
+        "decide": {"margin_pct": 7.5, "alpha": 0.05},
         "foreign_load_pct": 10.0,
         "client_saturated_pct": 90.0,
         "quiet": {"seconds": 2.0, "timeout_s": 30.0},
@@ -262,3 +265,89 @@ def test_estimate_counts_boots_and_warmups(order, boots, monkeypatch):
         + measured
         + estimate.RUN_OVERHEAD_DEFAULT_S
     )
+
+
+# -- unknown gets more data: adaptive repetition until the comparisons the run will be asked are decided
+
+
+HEADLINE = PrimaryMetrics(("throughput",))
+
+
+def primary_feed(tallies, cell, s, values, asked, *, workload="w", seed=0):
+    """As the runner does: one repetition at a time into the cell's tally, the policy asked after each."""
+    t = tallies.setdefault((cell, workload), schedule.Tally())
+    for v in values:
+        if t.stopped:
+            break
+        t.add([Sample("throughput", float(v), "Mbit/s", True), Sample("cpu_busy_pct", 50.0, "%", False)], 1.0, HEADLINE)
+        t.update(s, seed=seed, unknown=functools.partial(asked.unknown, tallies, cell, workload, seed=seed))
+    return t
+
+
+def test_the_tally_keeps_the_primary_metrics_unflagged():
+    t = schedule.Tally()
+    t.add([Sample("throughput", 1.0, "Mbit/s", True), Sample("latency", 2.0, "ms", False)], 1.0, HEADLINE)
+    t.add([Sample("throughput", 9.0, "Mbit/s", True, {"flagged": 1})], 1.0, HEADLINE)
+    t.add([Sample("throughput", 3.0, "Mbit/s", True)], 1.0)  # no declaration: nothing kept
+    assert t.primary == {"throughput": [1.0]} and t.higher == {"throughput": True}
+
+
+def test_a_primary_row_unknown_at_n_keeps_its_cell_measuring_until_decided():
+    s = suite(repetitions=5, target_ci_pct=50.0, max_repetitions=40)  # the CI rule alone stops at 5
+    asked = schedule.Asked(pairs=(("c01", "c02"),), rows=1)
+    rng = np.random.default_rng(3)
+    tallies: dict = {}
+    # c01 first (sequential): nobody to compare with yet, so the CI rule alone stops it
+    first = primary_feed(tallies, "c01", s, rng.normal(100, 3, 40), asked)
+    assert first.n == 5 and first.reason == "95 % CI of the median within ±50 % at n = 5", first.reason
+    # c02: the same setup; at n = 5 "same" within ±7.5 % is not shown yet for this seed, so it goes on
+    assert asked.unknown(tallies, "c02", "w") is None  # not measured yet
+    second = primary_feed(tallies, "c02", s, [100.0 * v for v in (1.06, 0.96, 1.05, 0.94, 1.04)], asked)
+    assert second.n == 5 and not second.stopped and asked.unknown(tallies, "c02", "w") == ["throughput vs c01"]
+    primary_feed(tallies, "c02", s, rng.normal(100, 3, 40), asked)
+    assert 5 < second.n < 40 and second.reason.endswith("every primary row decided against its partners")
+    assert asked.unknown(tallies, "c02", "w") == [] and asked.unknown(tallies, "c01", "w") == []
+
+
+def test_an_undecidable_row_stops_at_the_budget_and_says_which():
+    s = suite(repetitions=5, target_ci_pct=50.0, max_repetitions=8)
+    asked = schedule.Asked(pairs=(("c01", "c02"),), rows=5)
+    tallies: dict = {}
+    rng = np.random.default_rng(4)
+    primary_feed(tallies, "c01", s, rng.normal(100, 10, 5), asked)
+    # 8 % lower at CV 10 %: neither a verdict nor "same" within 8 repetitions
+    t = primary_feed(tallies, "c02", s, rng.normal(92, 9.2, 20), asked)
+    assert t.n == 8 and t.reason == "budget: 8 repetitions (unknown: throughput vs c01)", t.reason
+
+
+def test_the_twins_band_is_the_margin_in_the_run():
+    asked = schedule.Asked(pairs=(("c01", "c02"),), twins=(("c01", "c01-aa"),), rows=1)
+    s = suite(repetitions=5, target_ci_pct=50.0, max_repetitions=5)
+    tallies: dict = {}
+    primary_feed(tallies, "c01", s, [100, 101, 99, 100, 102], asked)
+    primary_feed(tallies, "c01-aa", s, [112, 111, 113, 110, 112], asked)  # the twin came out 11 % higher
+    primary_feed(tallies, "c02", s, [110, 111, 109, 110, 112], asked)  # 10 % higher: inside what twins differ by
+    lo, hi = asked.bands(tallies, "w")["throughput"]
+    assert lo < 1 / 1.1 and hi > 1.1
+    assert asked.unknown(tallies, "c02", "w") == []  # decided: the same, against the band
+    j = verdicts.judge([100, 101, 99, 100, 102], [110, 111, 109, 110, 112], higher_is_better=True)
+    assert j.answer == verdicts.Answer.BETTER  # and better against the stated ±7.5 %
+
+
+def test_optional_stopping_on_unknown_keeps_a_pairs_false_verdicts_rare():
+    """A/A pairs, CV 3 %: the partner measured first (n = 5), the later cell adaptive up to 15
+    repetitions while its row is unknown, as in a sequential run. Each look is a chance for a false
+    better/worse; the margin and the correction keep the rate at the end well under 5 %."""
+    s = suite(repetitions=5, target_ci_pct=50.0, max_repetitions=15)
+    asked = schedule.Asked(pairs=(("c01", "c02"),), rows=5, n_resamples=999)
+    said, ns = collections.Counter(), []
+    for trial in range(60):
+        rng = np.random.default_rng(500 + trial)
+        tallies: dict = {}
+        primary_feed(tallies, "c01", s, rng.normal(100, 3, 5), asked, seed=trial)
+        t = primary_feed(tallies, "c02", s, rng.normal(100, 3, 15), asked, seed=trial)
+        ns.append(t.n)
+        a, b = tallies[("c01", "w")].primary["throughput"], t.primary["throughput"]
+        said[verdicts.judge(a, b, higher_is_better=True, tested=5, seed=trial).answer] += 1
+    assert said[verdicts.Answer.BETTER] + said[verdicts.Answer.WORSE] <= 0.05 * 60, said
+    assert max(ns) > 5 and said[verdicts.Answer.SAME] >= 0.8 * 60, (said, ns)

@@ -4,7 +4,9 @@
 - lab.cli.printing: every line printed, as text (never rich markup), and the number formats
 - lab.cli.progress: a run's progress (live bar or plain lines) and its ETA
 - lab.cli.runcmds: plan, run, gc, doctor, snapshot
-- lab.cli.views: ls, show, compare, report, reparse
+- lab.cli.views: ls, show, report, reparse
+- lab.cli.comparing: compare (two sides, or every cell against its baseline)
+- lab.cli.explaincmds: explain (which knob makes a difference: follow-up cells, effects)
 - lab.cli.imagecmds: images build, ls, render, publish
 - lab.cli.historycmds: history, import, prune
 
@@ -14,7 +16,14 @@ traceback in a log file), 2 bad input (nothing was created), 130 interrupted.
 
 from __future__ import annotations
 
-from lab.cli import historycmds, imagecmds, runcmds, views  # noqa: F401 - each registers its commands on the group
+from lab.cli import (  # noqa: F401 - each registers its commands on the group
+    comparing,
+    explaincmds,
+    historycmds,
+    imagecmds,
+    runcmds,
+    views,
+)
 from lab.cli.group import cli
 from lab.cli.progress import Eta, PlainReporter, RichReporter  # noqa: F401 - tests and callers use lab.cli.Eta
 

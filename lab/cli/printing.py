@@ -48,7 +48,7 @@ class TextConsole(Console):
 out = TextConsole(highlight=False, markup=False, emoji=False, width=None if sys.stdout.isatty() else 160)
 err = TextConsole(stderr=True, highlight=False, markup=False, emoji=False, soft_wrap=True)  # one line, never wrapped
 
-VERDICT_STYLES = {"better": "green", "worse": "red"}
+VERDICT_STYLES = {"better": "green", "worse": "red", "same": "cyan"}
 STATUS_STYLES = {"done": "green", "n/a": "yellow", "duplicate": "yellow"}
 
 

@@ -23,6 +23,8 @@ from lab import (
     plan,
     runner,
     schedule,
+    stats,
+    verdicts,
     wan,
 )
 from lab.cli import shapes
@@ -128,7 +130,10 @@ def plan_cmd(config_path, check_hosts, as_json):
     )
     reps = (
         f"{suite.repetitions}–{suite.max_repetitions} repetitions (until the 95 % CI is within "
-        f"±{suite.target_ci_pct:g} %" + (f" or {suite.max_seconds:g} s" if suite.max_seconds else "") + ")"
+        f"±{suite.target_ci_pct:g} %"
+        + (" and every primary row is decided against the cells it is compared with" if plan.comparisons(units) else "")
+        + (f", or {suite.max_seconds:g} s" if suite.max_seconds else "")
+        + ")"
         if suite.target_ci_pct is not None
         else f"{suite.repetitions} repetitions"
     )
@@ -143,9 +148,9 @@ def plan_cmd(config_path, check_hosts, as_json):
     )
     if len(est.lanes) > 1 or any(len(backends.host_lanes(h, cfg.hosts[h])) > 1 for h in est.lanes):
         say_lanes(cfg, units, dups, est)
-    ok, text, setting = reach
+    ok, text, setting, _ = reach
     if ok and text:
-        say(f"verdicts: {text}" + (f"; {setting}" if suite.target_ci_pct is not None else ""))
+        say(f"verdicts: {text}" + (f"; {setting}" if suite.target_ci_pct is not None else ""), soft_wrap=True)
     elif text:
         say(styled("warning: ", "yellow"), text, soft_wrap=True)
     words = {
@@ -248,8 +253,9 @@ def _estimate(cfg: LabConfig, units: list[plan.Unit], dups: dict[str, str]) -> e
         return estimate.estimate(cfg, units, params, dups)
 
 
-def _verdict_reach(cfg, units) -> tuple[bool, str, str]:
-    """Whether the run can give verdicts at all: (it can, what to say ("": nothing), the setting)."""
+def _verdict_reach(cfg, units) -> tuple[bool, str, str, dict]:
+    """Whether the run's comparisons can give verdicts: (they can, what to say ("": nothing), the
+    setting, the figures for --json)."""
     suite = cfg.suite
     n = schedule.minimum_n(suite)
     if suite.target_ci_pct is None:
@@ -264,8 +270,17 @@ def _verdict_reach(cfg, units) -> tuple[bool, str, str]:
             )
             + ")"
         )
-    ok, text = plan.verdict_reach(units, n, setting=setting)
-    return ok, text, setting
+    rows = plan.primary_rows(cfg)
+    ok, text = plan.verdict_reach(units, n, rows=rows, setting=setting)
+    figures = {
+        "n": n,
+        "primary_rows": rows,
+        "best_p": stats.min_exact_p(n, n),
+        "best_q": verdicts.best_q(n, rows),
+        "margin_pct": verdicts.DEFAULT_MARGIN_PCT,
+        "same_cv_pct": round(verdicts.same_reach_cv(n) * 100, 2),
+    }
+    return ok, text, setting, figures
 
 
 def _host_watch(cfg) -> dict[str, str]:

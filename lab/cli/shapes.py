@@ -30,13 +30,15 @@ VERSIONS = {
     "doctor": 1,
     "gc": 1,
     "show": 1,
-    "compare": 1,
-    "compare.baseline": 1,  # `lab compare RUN --baseline`: the overhead rows, a shape of its own
+    "compare": 2,  # 2: verdicts are better | worse | same | unknown (primary rows), q, margin, primary
+    "compare.baseline": 2,  # `lab compare RUN --baseline`: the overhead rows, a shape of its own
     "snapshot": 1,
     "images": 1,  # `lab images ls`
     "images.warm": 1,  # `lab images ls --warm`
     "history": 1,
     "import": 1,
+    "explain": 1,  # `lab explain`: knobs with effect, CI, share of the gap and verdict; interactions; cells
+    "explain.plan": 1,  # `lab explain --plan`: the follow-up cells and the estimate
 }
 
 
@@ -82,7 +84,7 @@ def plan_document(
     boots: int,
     backends: list[str],
     est: Estimate,
-    verdicts: tuple[bool, str, str],
+    verdicts: tuple[bool, str, str, dict[str, Any]],
     host_watch: dict[str, str],
     images: list[str] | None,
 ) -> dict[str, Any]:
@@ -105,7 +107,7 @@ def plan_document(
             "seed": suite.seed,
         },
         "estimate": {**est.as_dict(), "at_least": suite.target_ci_pct is not None},
-        "verdicts": {"reachable": verdicts[0], "text": verdicts[1], "setting": verdicts[2]},
+        "verdicts": {"reachable": verdicts[0], "text": verdicts[1], "setting": verdicts[2], **verdicts[3]},
         "host_watch": host_watch,
         "checked": images is not None,
         "images": images or [],

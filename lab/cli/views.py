@@ -1,15 +1,13 @@
-"""The commands that read results: ls, show, compare, report, reparse."""
+"""The commands that read results: ls, show, report, reparse (compare: lab.cli.comparing)."""
 
 from __future__ import annotations
 
 import csv
-import dataclasses
 import io
 import json
 import time
 
 import click
-from rich.text import Text
 
 from lab import analysis, axes, plaintext, report, results, runner
 from lab.cli import shapes
@@ -23,8 +21,8 @@ from lab.cli.group import (
     results_dir as find_results,
     results_option,
 )
-from lab.cli.printing import VERDICT_STYLES, clock, duration, fmt, line, out, say, styled, table
-from lab.errors import UsageError
+from lab.cli.printing import clock, duration, fmt, line, out, say, styled, table
+from lab.explain import record as explain_record
 from lab.store import RunRow, Store
 
 
@@ -70,6 +68,7 @@ def print_show(store: Store, run: RunRow, everything: bool = False) -> None:
     rows = results.show_rows(all_series, everything=everything, seed=run.seed or 0, spread=True)
     short = results.short_labels([c.label for c in cells])
     say("run ", styled(run.id, "bold"), f" ({run.name}), {run.status}")
+    print_family(store, run)
     sched = run.manifest.get("schedule") or {}
     if sched:
         policy = (
@@ -143,6 +142,26 @@ def print_show(store: Store, run: RunRow, everything: bool = False) -> None:
             )
         out.print(t)
     print_host_load(run, cells, samples)
+
+
+def print_family(store: Store, run: RunRow) -> None:
+    """A follow-up run of `lab explain` says whose, and a parent run names its follow-ups."""
+    own = run.manifest.get(explain_record.KEY)
+    if isinstance(own, dict):
+        r = explain_record.Record.from_dict(own)
+        mine = next((p for p in r.phases if run.id in [x["run"] for x in p.get("runs") or []]), None)
+        say(
+            f"follow-up run of {', '.join(r.parents)} (lab explain: A {r.a.cell} vs B {r.b.cell}; knobs "
+            + ", ".join(k.name for k in r.knobs)
+            + (f"; {mine['note']}" if mine else "")
+            + f"; `lab explain {r.a.run}"
+            + (f" {r.b.run}" if r.b.run != r.a.run else "")
+            + "` with the same selections shows the answer)",
+            soft_wrap=True,
+        )
+    children = explain_record.follow_ups(store, run)
+    if children:
+        say(f"follow-up runs (lab explain): {', '.join(c.id for c in children)}", soft_wrap=True)
 
 
 def flag_mark(flagged: int) -> object:
@@ -227,199 +246,6 @@ def show_cmd(run_ref, config_path, results_dir, as_json, as_csv, everything):
             click.echo(plaintext.printable(buf.getvalue()), nl=False)  # a label's ESC is no terminal's
         return
     print_show(store, run, everything)
-
-
-def _asdict(record: object) -> dict | None:
-    return dataclasses.asdict(record) if record is not None else None  # type: ignore[call-overload]
-
-
-def _verdict(verdict: str, style: str) -> Text | str:
-    return styled(verdict, style) if style else verdict
-
-
-@cli.command("compare")
-@click.argument("run_a")
-@click.argument("run_b", required=False)
-@click.option(
-    "--a",
-    "sel_a",
-    multiple=True,
-    metavar="AXIS=VALUE",
-    help="side A: only the cells of RUN_A with these axes (repeatable, or comma-separated)",
-)
-@click.option(
-    "--b",
-    "sel_b",
-    multiple=True,
-    metavar="AXIS=VALUE",
-    help="side B: only the cells of RUN_B (or of RUN_A when RUN_B is not given) with these axes",
-)
-@click.option(
-    "--baseline",
-    "baseline",
-    default=None,
-    is_flag=False,
-    flag_value="kind=bare-metal",
-    metavar="[AXIS=VALUE]",
-    help="every cell of RUN_A against the baseline cell of its host: "
-    "the bare-metal cell, or the cell these axes select",
-)
-@click.option("--all", "everything", is_flag=True, help="every metric (CPU breakdowns, zero error counters)")
-@config_option
-@results_option
-@click.option("--json", "as_json", is_flag=True)
-def compare_cmd(run_a, run_b, sel_a, sel_b, baseline, everything, config_path, results_dir, as_json):
-    """Two runs, two hosts or any two cell selections side by side: ratio of medians (B/A) with
-    its 95 % CI, Mann-Whitney p, the A/A noise floor, a verdict per metric, and the host facts
-    that differ. `lab compare A B`, `lab compare RUN --a nic=virtio --b nic=e1000`,
-    `lab compare RUN --a host=pve1 --b host=bsd1`, `lab compare RUN --baseline`."""
-    store = read_store(config_path, results_dir)
-    ra = store.run(run_a)
-    if baseline is not None:
-        if run_b or sel_a or sel_b:
-            raise UsageError(
-                "--baseline compares the cells of one run with its baseline cell; it takes no RUN_B, --a or --b"
-            )
-        _print_overheads(store, ra, analysis.parse_selector([baseline], "--baseline"), everything, as_json)
-        return
-    if run_b is None and not (sel_a or sel_b):
-        raise UsageError("lab compare needs two runs (A B), or --a/--b selections of one run's cells, or --baseline")
-    rb = store.run(run_b) if run_b else ra
-    sides = []
-    for r, sel, opt in ((ra, sel_a, "--a"), (rb, sel_b, "--b")):
-        selector = analysis.parse_selector(sel, opt)
-        sd = analysis.side(r.id, r.seed, store.cells(r.id), store.samples(r.id), store.host_facts(r.id), selector)
-        if not sd.cells:
-            raise UsageError(
-                f"{opt} {','.join(sel)}: no cell of run {r.id} matches"
-                f" (cells: {', '.join(c.label for c in store.cells(r.id))})"
-            )
-        sides.append(sd)
-    noise = {}  # (workload, metric) -> the widest A/A band of the two runs
-    for r in {ra.id: ra, rb.id: rb}.values():
-        for k, v in analysis.noise_floor(
-            results.series(store.samples(r.id), store.cells(r.id)), seed=r.seed or 0
-        ).items():
-            noise[k] = analysis.widest(noise.get(k), v)
-    cmp = analysis.compare_sides(
-        sides[0],
-        sides[1],
-        noise=noise,
-        everything=everything,
-        threshold_pct=analysis.threshold_of(ra.manifest, rb.manifest),
-    )
-    if as_json:
-        shapes.emit(
-            "compare",
-            {
-                "a": {"run": ra.id, "selector": sides[0].selector},
-                "b": {"run": rb.id, "selector": sides[1].selector},
-                "rows": [r.__dict__ for r in cmp.rows],
-                "host_differences": [dict(zip(("host", "fact", "a", "b"), d)) for d in cmp.host_diffs],
-                "host_load": {
-                    "a": _asdict(sides[0].load),
-                    "b": _asdict(sides[1].load),
-                    "difference": cmp.load_diff,
-                },
-            },
-        )
-        return
-    title = (
-        f"A = {ra.id}"
-        + (f" [{','.join(sel_a)}]" if sel_a else "")
-        + f"   B = {rb.id}"
-        + (f" [{','.join(sel_b)}]" if sel_b else "")
-    )
-    t = table(
-        ("cell", "workload", "metric", "median A", "median B", "B/A", "95 % CI", "p", "A/A band", "verdict"),
-        title=title,
-        right=("median A", "median B", "B/A", "95 % CI", "p", "A/A band"),
-    )
-    short = results.short_labels(sorted({r.key[0] for r in cmp.rows}))
-    for r in cmp.rows:
-        cell, wl, metric = r.key
-        ci = f"{fmt(r.ratio_ci[0])}–{fmt(r.ratio_ci[1])}" if r.ratio_ci else "–"
-        band = f"{fmt(r.noise_band[0])}–{fmt(r.noise_band[1])}" if r.noise_band else "–"
-        style = VERDICT_STYLES.get(r.verdict, "yellow" if r.verdict.startswith(("missing", "only")) else "")
-        t.add_row(
-            short.get(cell, cell),
-            wl,
-            f"{metric} ({r.unit})",
-            line(fmt(r.median_a), flag_mark(r.flagged_a)),
-            line(fmt(r.median_b), flag_mark(r.flagged_b)),
-            fmt(r.ratio),
-            ci,
-            fmt(r.p_value),
-            band,
-            _verdict(r.verdict, style),
-        )
-    out.print(t)
-    if any(r.flagged_a or r.flagged_b for r in cmp.rows):
-        say(
-            styled("⚑n", "red"),
-            ": n flagged samples of that side, shown in `lab show`, left out of the median and the verdict",
-        )
-    if not cmp.noise:
-        say("A/A band: not measured ([suite] noise_floor = true runs the first cell twice to measure it)")
-    _print_host_diffs(cmp.host_diffs, ra.id == rb.id and not (set(sides[0].hosts) ^ set(sides[1].hosts)))
-    for name, sd in (("A", sides[0]), ("B", sides[1])):
-        say(f"host load under {name}: {sd.load.text() if sd.load else 'not measured'}")
-    if cmp.load_diff:
-        say(styled("host load differs: ", "yellow"), cmp.load_diff)
-
-
-def _print_host_diffs(diffs, same_run: bool) -> None:
-    if not diffs:
-        say("host facts: " + ("one run, the same hosts" if same_run else "no difference between the two sides"))
-        return
-    t = table(("host", "fact", "A", "B"), title=f"host facts that differ ({len(diffs)})")
-    for host, fact, va, vb in diffs:
-        t.add_row(host, fact, va, vb)
-    out.print(t)
-
-
-def _print_overheads(store: Store, run: RunRow, selector: dict, everything: bool, as_json: bool) -> None:
-    cells = store.cells(run.id)
-    rows = analysis.overheads(cells, store.samples(run.id), selector, seed=run.seed or 0, everything=everything)
-    if as_json:
-        shapes.emit(
-            "compare.baseline",
-            {
-                "run": run.id,
-                "selector": selector,
-                "rows": [
-                    {
-                        "cell": o.cell,
-                        "baseline": o.reference,
-                        "change_pct": o.change_pct,
-                        "change_ci_pct": o.change_ci_pct,
-                        **o.row.__dict__,
-                    }
-                    for o in rows
-                ],
-            },
-        )
-        return
-    short = results.short_labels([c.label for c in cells])
-    refs = sorted({short.get(o.reference, o.reference) for o in rows})
-    t = table(
-        ("cell", "workload", "metric", "baseline", "cell median", "change vs baseline", "p", "verdict"),
-        title=f"run {run.id}: overhead vs {', '.join(refs) or 'baseline'} (change of the median, 95 % CI)",
-        right=("baseline", "cell median", "change vs baseline", "p"),
-    )
-    for o in rows:
-        r = o.row
-        t.add_row(
-            short.get(o.cell, o.cell),
-            r.key[1],
-            f"{r.key[2]} ({r.unit})",
-            fmt(r.median_a),
-            fmt(r.median_b),
-            analysis.fmt_change(o.change_pct, o.change_ci_pct),
-            fmt(r.p_value),
-            _verdict(r.verdict, VERDICT_STYLES.get(r.verdict, "")),
-        )
-    out.print(t)
 
 
 @cli.command("report")

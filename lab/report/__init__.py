@@ -6,6 +6,8 @@ Contents, in order:
 
 - failed cells (stage and error), then with ``vs`` the comparison: which cells each run has, and
   a row per metric from lab.compare (ratio B/A, its CI, p, verdict, coloured by verdict);
+- with `lab explain` follow-up runs (or for one of them): each knob's effect with its CI as a chart,
+  its share of the gap and verdict, the interactions that matter (lab.report.explain);
 - a chart per workload metric by cell: a bar at the median, min–max whiskers and a dot for every
   repetition (flagged ones as a red x), beside it the guest CPU busy % that goes with the metric
   (``cpu_busy_pct_<variant>``, the convention of lab.results);
@@ -50,6 +52,7 @@ from lab.report.data import (
     visible,
     when,
 )
+from lab.report.explain import section as explain_section
 from lab.results import fmt  # noqa: F401  (the one number format, for callers and tests)
 from lab.store import Store
 
@@ -163,6 +166,7 @@ def render(
         "failed": failed,
         "comparison": tables.comparison(sides[0], sides[1], short, wl_rank) if len(sides) > 1 else None,
         "overhead": tables.overhead(sides[0], short, wl_rank),
+        "explained": [e for rd in sides for e in explain_section(store, rd.run)],
         "workloads": workloads,
         "cells": [{"run": tables.run_info(rd), "rows": tables.cell_rows(rd, short)} for rd in sides],
         "hosts": tables.hosts(sides),

@@ -15,8 +15,9 @@ FLAG_COLOUR = "#c0392b"
 VERDICT_CLASS = {
     compare_mod.Verdict.BETTER: "better",
     compare_mod.Verdict.WORSE: "worse",
-    compare_mod.Verdict.NO_DIFFERENCE: "nodiff",
-    compare_mod.Verdict.WITHIN_NOISE: "nodiff",
+    compare_mod.Verdict.SAME: "same",
+    compare_mod.Verdict.UNKNOWN: "unknown",
+    compare_mod.Verdict.EXPLORATORY: "info",
     compare_mod.Verdict.NOT_ENOUGH: "notenough",
     compare_mod.Verdict.MISSING_A: "missing",
     compare_mod.Verdict.MISSING_B: "missing",

@@ -66,12 +66,21 @@ def _noise(sides: list[RunData]) -> dict[tuple[str, str], stats.RatioCI]:
     out: dict[tuple[str, str], stats.RatioCI] = {}
     for rd in sides:
         for k, v in analysis.noise_floor(list(rd.series.values()), seed=rd.run.seed or 0).items():
-            out[k] = analysis.widest(out.get(k), v)
+            out[k] = stats.widest(out.get(k), v)
     return out
 
 
-def _band(band: tuple[float, float] | None) -> str:
-    return f"{fmt(band[0])} – {fmt(band[1])}" if band else "–"
+def _answer(r: compare_mod.Row) -> dict[str, Any]:
+    """A row's q, margin and verdict as the report's tables show them."""
+    differs = r.verdict in (compare_mod.Verdict.BETTER, compare_mod.Verdict.WORSE)
+    return {
+        "q": p_text(r.q_value),
+        "margin": r.margin.text() if r.margin else "–",
+        "primary": r.primary,
+        "verdict": r.verdict.value,
+        "reverses": differs and r.siblings is not None and r.siblings.reverses,
+        "cls": VERDICT_CLASS[r.verdict],
+    }
 
 
 def comparison(a: RunData, b: RunData, short: dict[str, str], wl_order: dict[str, int]) -> dict[str, Any]:
@@ -116,9 +125,7 @@ def comparison(a: RunData, b: RunData, short: dict[str, str], wl_order: dict[str
                 "ratio": fmt(r.ratio),
                 "ci": f"{fmt(r.ratio_ci[0])} – {fmt(r.ratio_ci[1])}" if r.ratio_ci else "–",
                 "p": p_text(r.p_value),
-                "band": _band(r.noise_band),
-                "verdict": r.verdict.value,
-                "cls": VERDICT_CLASS[r.verdict],
+                **_answer(r),
                 "is_cpu": metric.startswith(results.CPU_METRIC),
                 "first": (wl, metric) != previous,
             }
@@ -145,6 +152,9 @@ def comparison(a: RunData, b: RunData, short: dict[str, str], wl_order: dict[str
         "min_p": p_text(stats.min_exact_p(n_min, n_min)) if n_min else "–",
         "n_min": n_min,
         "alpha": compare_mod.DEFAULT_ALPHA,
+        "margin_pct": cmp.margin_pct,
+        "primary_rows": sum(1 for r in rows if r.q_value is not None),
+        "families": [{"text": f.text(), "reverses": f.reverses} for f in cmp.families()],
         "load": {
             "a": cmp.a.load.text() if cmp.a.load else "not measured",
             "b": cmp.b.load.text() if cmp.b.load else "not measured",
@@ -187,9 +197,12 @@ def overhead(rd: RunData, short: dict[str, str], wl_order: dict[str, int]) -> di
     if not any(analysis.kind(c) == plan.BARE_METAL for c in rd.cells):
         return None
     found = analysis.overheads(
-        rd.cells, rd.samples, analysis.parse_selector([analysis.BASELINE_DEFAULT]), seed=rd.run.seed or 0
+        rd.cells,
+        rd.samples,
+        analysis.parse_selector([analysis.BASELINE_DEFAULT]),
+        seed=rd.run.seed or 0,
+        noise=_noise([rd]),
     )
-    noise = _noise([rd])
     order = {True: 0, False: 1, None: 2}
     cat_order = {label: i for i, label in enumerate(short)}
     found.sort(
@@ -206,7 +219,6 @@ def overhead(rd: RunData, short: dict[str, str], wl_order: dict[str, int]) -> di
     for o in found:
         r = o.row
         _, wl, metric = r.key
-        nf = noise.get((wl, metric))
         rows.append(
             {
                 "cell": short.get(o.cell, o.cell),
@@ -221,9 +233,7 @@ def overhead(rd: RunData, short: dict[str, str], wl_order: dict[str, int]) -> di
                 "n": f"{r.n_a}/{r.n_b}",
                 "change": analysis.fmt_change(o.change_pct, o.change_ci_pct),
                 "p": p_text(r.p_value),
-                "band": _band(nf.band()) if nf else "–",
-                "verdict": r.verdict.value,
-                "cls": VERDICT_CLASS[r.verdict],
+                **_answer(r),
                 "is_cpu": metric.startswith(results.CPU_METRIC),
                 "first": (wl, metric) != previous,
             }
@@ -345,7 +355,9 @@ def _schedule(manifest: dict[str, Any]) -> str:
         text += f" in {len(manifest.get('rounds', []))} round(s), {sch['repetitions_per_boot']} repetition(s) per boot"
     if sch.get("target_ci_pct"):
         text += (
-            f"; adaptive: until the 95 % CI is within ±{sch['target_ci_pct']:g} %, "
+            f"; adaptive: until the 95 % CI is within ±{sch['target_ci_pct']:g} %"
+            + (" and the primary rows are decided against their partners" if sch.get("decide") else "")
+            + ", "
             f"{sch.get('repetitions')}–{sch.get('max_repetitions')} repetitions"
             + (f", at most {sch['max_seconds']:g} s" if sch.get("max_seconds") else "")
         )

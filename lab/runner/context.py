@@ -56,6 +56,8 @@ class RunContext:
     owner: str = ""
     # renews the leases of the machines that stand (lab.runner.renewal); None: not renewed
     leases: LeaseKeeper | None = None
+    # The comparisons the run will be asked (pairs of cells, twins, primary rows): lab.schedule.Asked
+    asked: schedule.Asked = field(default_factory=schedule.Asked)
 
 
 def workload_params(cfg: LabConfig, name: str) -> dict[str, Any]:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import threading
 import time
@@ -134,7 +135,7 @@ def run_workloads(
                         for s in samples
                     ]
                     store.add_samples(rid, cell.id, raw_id, name, rep, stamped)
-                    tally.add(stamped, raw.seconds)
+                    tally.add(stamped, raw.seconds, wl.primary_metrics)
             except BaseException as exc:
                 store.finish_execution(eid, "failed", error=str(exc) or type(exc).__name__)
                 raise
@@ -146,7 +147,9 @@ def run_workloads(
         while not tally.stopped and (quota is None or done < quota):
             execute(tally.n, schedule.progress(cfg.suite, tally))
             done += 1
-            tally.update(cfg.suite, seed=ctx.seed)
+            # adaptive: also until its primary rows are decided against the cells it will be compared with
+            unknown = functools.partial(ctx.asked.unknown, ctx.tallies, cell.id, name, seed=ctx.seed)
+            tally.update(cfg.suite, seed=ctx.seed, unknown=unknown)
 
 
 CLIENT_POLL_S = 0.5  # a lane waiting for the client looks at the run's cancel this often

@@ -62,9 +62,13 @@ def estimate_seconds(
     return estimate.estimate(cfg, cells, params, dups, store).seconds
 
 
-def prepare(cfg: LabConfig) -> tuple[list[plan.Unit], dict[str, ImageRef], dict[str, Backend]]:
-    """Everything that can fail before anything is created: cells, images, backends' checks."""
-    cells = plan.units(cfg)
+def prepare(
+    cfg: LabConfig, units: list[plan.Unit] | None = None
+) -> tuple[list[plan.Unit], dict[str, ImageRef], dict[str, Backend]]:
+    """Everything that can fail before anything is created: cells, images, backends' checks.
+    `units`: the plan's cells when they are not the lab's matrix (the follow-up cells of `lab
+    explain`: some cells of a matrix, lab.explain.followup); default: lab.plan.units(cfg)."""
+    cells = plan.units(cfg) if units is None else list(units)
     # The run's locks (and the local backend's default workdir) live in the state directory: one
     # that cannot be had (someone else's, no home to put it in) is said now, with nothing made; a
     # run's leases name its tag (lab.lease).
@@ -117,10 +121,14 @@ def run_lab(
     config_text: str = "",
     prepared=None,
     resume: str | None = None,
+    record: dict[str, Any] | None = None,
 ) -> str:
+    """`record`: what the caller keeps in the run's manifest beside the runner's own keys (`lab
+    explain` records a follow-up run's question and design there, lab.explain.record)."""
     reporter = reporter or SilentReporter()
     cells, imgs, backends = prepared or prepare(cfg)
     manifest: dict[str, Any] = {
+        **(record or {}),
         "images": {
             n: {"digest": i.digest, "sha256": i.sha256, "tools": i.manifest.get("tools", {})} for n, i in imgs.items()
         },
@@ -208,7 +216,11 @@ def _run_locked(
         reporter.warn(f"could not sweep: {e}")
     dups = plan.equivalents(cfg, cells)
     renewal = Renewal(store, cfg.lab.lease_minutes, reporter.warn)
-    ctx = RunContext(cfg, store, run_id, reporter, backends, duplicates=dups, seed=seed, owner=owner, leases=renewal)
+    # the comparisons the run will be asked: adaptive repetition goes on while one is unknown
+    asked = schedule.Asked(tuple(plan.comparison_pairs(cells)), tuple(plan.twin_pairs(cells)), plan.primary_rows(cfg))
+    ctx = RunContext(
+        cfg, store, run_id, reporter, backends, duplicates=dups, seed=seed, owner=owner, leases=renewal, asked=asked
+    )
     client_vms = ClientVms(store, run_id, cfg.lab.lease_minutes, list(cfg.matrix.host), owner=owner, leases=renewal)
     client_machines = clientssh.SshClients()
     for host in backends:  # every client's lock exists before the lanes start

@@ -19,7 +19,9 @@ nothing:
 
 from __future__ import annotations
 
+import fnmatch
 import importlib
+import math
 import pkgutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,6 +46,30 @@ class WorkloadContext:
     known_hosts: Path | None = None
 
 
+@dataclass(frozen=True)
+class PrimaryMetrics:
+    """A workload's headline metrics: the rows a comparison answers (better / worse / same /
+    unknown, corrected together for multiple testing: lab.compare); its other metrics are shown as
+    exploratory. `patterns` are shell-style patterns of metric names ("throughput_mbit_s_*": one
+    per direction); `per` names the list-valued parameters that make one such metric per value (the
+    directions, the connection counts), so `lab plan` can count the rows a comparison will test."""
+
+    patterns: tuple[str, ...]
+    per: tuple[str, ...] = ()
+    # patterns of the metrics that add up to a primary one, with the same "*" (a build's steps:
+    # "clone_seconds_*" for "build_seconds_*"): `lab explain` names the step that carries a gap
+    parts: tuple[str, ...] = ()
+
+    def pattern_of(self, metric: str) -> str | None:
+        """The pattern this metric is primary by, or None: exploratory."""
+        return next((p for p in self.patterns if fnmatch.fnmatchcase(metric, p)), None)
+
+    def count(self, params: dict[str, Any]) -> int:
+        """How many primary metrics a repetition makes with these (effective) parameters."""
+        sizes = (len(v) if isinstance(v := params.get(k), (list, tuple)) else 1 for k in self.per)
+        return len(self.patterns) * math.prod(sizes)
+
+
 class Workload(Protocol):
     """What the config and the runner call. A workload may also have `estimate_seconds(params)`
     (one repetition's length) for `lab plan`; without it the estimate is its "time" or "duration".
@@ -54,6 +80,7 @@ class Workload(Protocol):
 
     name: str
     defaults: dict[str, Any]  # parameter defaults; [suite.params.<name>] overrides them
+    primary_metrics: PrimaryMetrics  # its headline metrics (the others are exploratory in a comparison)
 
     def params(self, ctx: WorkloadContext) -> dict[str, Any]:
         """The effective parameters, checked (UsageError) for this guest OS and vCPU count."""

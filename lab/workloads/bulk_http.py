@@ -22,7 +22,7 @@ from typing import Any
 from lab import osfacts, proc
 from lab.errors import LabError, UsageError
 from lab.model import RawOutput, Sample
-from lab.workloads import WorkloadContext, containers, register
+from lab.workloads import PrimaryMetrics, WorkloadContext, containers, register
 from lab.workloads.cpu import cpu_samples, snapshot
 from lab.workloads.http import url
 from lab.workloads.toolkit import (
@@ -88,6 +88,7 @@ def parse_curl_json(text: str, workload: str = "bulk-http") -> Parsed:
 
 class BulkHttp:
     name = "bulk-http"
+    primary_metrics = PrimaryMetrics(("download_mb_s_*",), per=("scheme", "network", "lro"))
     network = True  # its load goes through the client side: one lane at a time (lab.runner.measure)
     defaults: dict[str, Any] = {
         "path": "/bulk/64m.bin",

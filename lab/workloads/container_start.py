@@ -21,7 +21,7 @@ from typing import Any
 
 from lab.errors import LabError, UsageError
 from lab.model import RawOutput, Sample
-from lab.workloads import WorkloadContext, containers, register
+from lab.workloads import PrimaryMetrics, WorkloadContext, containers, register
 from lab.workloads.cpu import cpu_samples, run_guest_load
 from lab.workloads.toolkit import (
     UNMEASURED,
@@ -95,6 +95,8 @@ def parse_hyperfine_json(text: str, workload: str = "container-start") -> dict[s
 
 class ContainerStart:
     name = "container-start"
+    # the mean start time of each runtime x network x store
+    primary_metrics = PrimaryMetrics(("start_ms_*",), per=("runtime", "network", "store"))
     defaults: dict[str, Any] = {
         "runtime": ["crun", "runc"],
         "network": ["default", "host", "none"],

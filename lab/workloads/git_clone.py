@@ -23,7 +23,7 @@ from typing import Any
 from lab import osfacts, proc
 from lab.errors import LabError
 from lab.model import RawOutput, Sample
-from lab.workloads import WorkloadContext, containers, gitrepo, register
+from lab.workloads import PrimaryMetrics, WorkloadContext, containers, gitrepo, register
 from lab.workloads.cpu import cpu_samples, guest_script, run_guest_load
 from lab.workloads.toolkit import (
     UNMEASURED,
@@ -76,6 +76,7 @@ def segment_tag(place: str, lro: str) -> str:
 
 class GitClone:
     name = "git-clone"
+    primary_metrics = PrimaryMetrics(("clone_seconds_*",), per=("network", "lro"))  # the clone's time per place
     network = True  # its load goes through the client side: one lane at a time (lab.runner.measure)
     client_files = (
         True  # its client side serves a repository of this machine (git daemon): client = "local" only (lab.check)

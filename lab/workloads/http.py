@@ -18,7 +18,7 @@ from lab import osfacts, proc
 from lab.errors import LabError, UsageError
 from lab.model import RawOutput, Sample
 from lab.wait import wait_until
-from lab.workloads import WorkloadContext, register
+from lab.workloads import PrimaryMetrics, WorkloadContext, register
 from lab.workloads.cpu import cpu_samples, snapshot
 from lab.workloads.toolkit import (
     CLIENT_TOOL_HINT,
@@ -131,6 +131,7 @@ def curl_argv(target: str) -> list[str]:
 
 class _Http:
     name = ""
+    primary_metrics = PrimaryMetrics(("requests_per_s_*",), per=("connections",))  # per connection count
     network = True  # its load goes through the client side: one lane at a time (lab.runner.measure)
     scheme = ""
     defaults: dict[str, Any] = {"connections": [10, 50], "duration": 10, "path": "/", "threads": 4}

@@ -23,7 +23,7 @@ from typing import Any
 
 from lab.errors import UsageError
 from lab.model import RawOutput, Sample
-from lab.workloads import WorkloadContext, register
+from lab.workloads import PrimaryMetrics, WorkloadContext, register
 from lab.workloads.cpu import cpu_samples, run_guest_load
 from lab.workloads.toolkit import effective_params
 
@@ -46,6 +46,7 @@ def host_samples(extra: dict[str, str]) -> list[Sample]:
 
 class Idle:
     name = "idle"
+    primary_metrics = PrimaryMetrics(("host_vm_cpu_pct",))  # what the idle VM costs its host
     defaults: dict[str, Any] = {"duration": 10}
     records_host_load = True  # the runner folds the host's load window into the raw output
 

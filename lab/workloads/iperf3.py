@@ -22,7 +22,7 @@ from typing import Any
 from lab import proc
 from lab.errors import LabError, UsageError
 from lab.model import RawOutput, Sample
-from lab.workloads import WorkloadContext, register
+from lab.workloads import PrimaryMetrics, WorkloadContext, register
 from lab.workloads.cpu import cpu_samples, run_guest_load
 from lab.workloads.toolkit import (
     CLIENT_TOOL_HINT,
@@ -171,6 +171,7 @@ def _positive_int(workload: str, name: str, value: Any, upper: int | None = None
 
 class _Iperf3:
     name = ""
+    primary_metrics = PrimaryMetrics(("throughput_mbit_s_*",), per=("directions",))  # per direction
     network = True  # its load goes through the client side: one lane at a time (lab.runner.measure)
     udp = False
     defaults: dict[str, Any] = {}

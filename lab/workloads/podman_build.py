@@ -28,7 +28,7 @@ from typing import Any
 
 from lab.errors import LabError, UsageError
 from lab.model import RawOutput, Sample
-from lab.workloads import WorkloadContext, containers, gitrepo, register
+from lab.workloads import PrimaryMetrics, WorkloadContext, containers, gitrepo, register
 from lab.workloads.cpu import cpu_samples, run_guest_load
 from lab.workloads.toolkit import SegmentLog, choices, effective_params, first_line, int_param, split_segments
 
@@ -163,6 +163,10 @@ def probe_engines(ctx: WorkloadContext, engines: list[str]) -> dict[str, bool]:
 
 class PodmanBuild:
     name = "podman-build"
+    # the whole build's time per engine and network (its steps are exploratory)
+    primary_metrics = PrimaryMetrics(
+        ("build_seconds_*",), per=("engines", "network"), parts=tuple(f"{s}_seconds_*" for s in (*STEPS, "commit"))
+    )
     network = True  # its load goes through the client side: one lane at a time (lab.runner.measure)
     client_files = (
         True  # its client side serves a repository of this machine (git daemon): client = "local" only (lab.check)

@@ -27,7 +27,7 @@ from typing import Any
 from lab import osfacts, proc
 from lab.errors import LabError, UsageError
 from lab.model import RawOutput, Sample
-from lab.workloads import WorkloadContext, register
+from lab.workloads import PrimaryMetrics, WorkloadContext, register
 from lab.workloads.cpu import cpu_samples, snapshot
 from lab.workloads.toolkit import (
     UNMEASURED,
@@ -123,6 +123,7 @@ def parse_scp_output(text: str, file_bytes: int, direction: str, workload: str =
 
 class Scp:
     name = "scp"
+    primary_metrics = PrimaryMetrics(("seconds_*",), per=("directions",))  # the copy's time per direction
     network = True  # its load goes through the client side: one lane at a time (lab.runner.measure)
     client_files = (
         True  # its client side sends this machine's files with the lab's key: client = "local" only (lab.check)

@@ -13,7 +13,7 @@ from typing import Any
 
 from lab.errors import LabError, UsageError
 from lab.model import RawOutput, Sample
-from lab.workloads import WorkloadContext, register
+from lab.workloads import PrimaryMetrics, WorkloadContext, register
 from lab.workloads.cpu import cpu_samples, run_guest_load
 from lab.workloads.toolkit import (
     RUN_OVERHEAD_S,
@@ -187,6 +187,7 @@ def _check_positive_int(workload: str, name: str, value: Any) -> int:
 
 class SysbenchCpu:
     name = "sysbench-cpu"
+    primary_metrics = PrimaryMetrics(("events_per_s_*",), per=("threads",))  # per thread count
     defaults: dict[str, Any] = {"threads": [1, "vcpus"], "time": 10, "max_prime": 20000}
 
     def params(self, ctx: WorkloadContext) -> dict[str, Any]:
@@ -253,6 +254,7 @@ class SysbenchCpu:
 
 class SysbenchMemory:
     name = "sysbench-memory"
+    primary_metrics = PrimaryMetrics(("throughput_mib_s",))
     defaults: dict[str, Any] = {"block_size": "1K", "operation": "write", "time": 10, "threads": 1}
 
     def params(self, ctx: WorkloadContext) -> dict[str, Any]:

@@ -10,11 +10,12 @@ from typing import Any
 
 from lab.errors import UsageError
 from lab.model import RawOutput, Sample
-from lab.workloads import WorkloadContext
+from lab.workloads import PrimaryMetrics, WorkloadContext
 
 
 class FakeWorkload:
     name = "fake-work"
+    primary_metrics = PrimaryMetrics(("ops_per_s",))
     defaults: dict[str, Any] = {
         "values": [100.0],
         "warmup_value": 1.0,
