@@ -38,31 +38,60 @@ class HostSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=False)
 
-    backend: str
+    backend: str = Field(description="which backend drives this host: local, libvirt, proxmox, smartos or vagrant")
     # Measured VMs of the lab up at once on this host (lab.runner.lanes: one lane per slot). 1, the
     # default: one at a time, so the lab's VMs never disturb each other's figures; more trades that
     # for time, up to what the backend runs at once (Capabilities.max_slots; lab.config checks).
-    slots: int = Field(default=1, ge=1, le=64)
+    slots: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description=(
+            "measured VMs of the lab up at once on this host (or node): a lane per slot; 1 keeps the lab's VMs from "
+            "disturbing each other"
+        ),
+    )
     # Where this host's load generators (iperf3, wrk, curl) run: "local", this machine (network
     # measurements of different lanes take turns on it); "vm", a VM the run clones on this host
     # from the golden image of its first cell, on its cells' network, destroyed with the run
     # (lab.runner.clientvm): the figures are the guest's NIC and the host's bridge, not the path
     # from this machine to the host; or "ssh:USER@MACHINE", a machine of the user's reached over
     # SSH (lab.runner.clientssh): hosts naming the same machine take turns on it.
-    client: str = "local"
-    client_vcpus: int = Field(default=2, ge=1, le=64)  # of the client VM (client = "vm")
-    client_memory_mib: int = Field(default=1024, ge=256, le=1024 * 1024)
+    client: str = Field(
+        default="local",
+        description=(
+            'where this host\'s load generators run: "local" (this machine), "vm" (a client VM on the host) or '
+            '"ssh:USER@MACHINE" (a Linux machine of yours)'
+        ),
+    )
+    client_vcpus: int = Field(default=2, ge=1, le=64, description='vCPUs of the client VM (client = "vm")')
+    client_memory_mib: int = Field(
+        default=1024, ge=256, le=1024 * 1024, description='memory of the client VM, MiB (client = "vm")'
+    )
     # client = "ssh:...": its SSH port, the private key (empty: ssh's own choice, agent or
     # ~/.ssh/id_*), the known_hosts file its host key is checked against (strictly: an unknown
     # key is refused, as TLS is verified), and its address as the cells' guests reach it (empty:
     # MACHINE itself).
-    client_port: int = Field(default=22, ge=1, le=65535)
-    client_identity: str = ""
-    client_known_hosts: str = "~/.ssh/known_hosts"
-    client_machine_address: str = ""
+    client_port: int = Field(default=22, ge=1, le=65535, description='client = "ssh:...": its SSH port')
+    client_identity: str = Field(
+        default="",
+        description=(
+            'client = "ssh:...": the private key to log in with (empty: ssh\'s own choice, agent or ~/.ssh/id_*)'
+        ),
+    )
+    client_known_hosts: str = Field(
+        default="~/.ssh/known_hosts",
+        description='client = "ssh:...": the known_hosts file its host key is checked against, strictly',
+    )
+    client_machine_address: str = Field(
+        default="",
+        description='client = "ssh:...": the machine\'s address as the guests reach it (empty: MACHINE itself)',
+    )
     # Seconds the runner waits for a guest's SSH login (a cell's VM, the client VM) once the
     # backend says it is ready: its sshd may still be starting, or its network still coming up.
-    ssh_timeout: float = Field(default=90.0, gt=0, le=3600)
+    ssh_timeout: float = Field(
+        default=90.0, gt=0, le=3600, description="seconds a guest's SSH login may take once the backend calls it ready"
+    )
 
     @field_validator("client")
     @classmethod

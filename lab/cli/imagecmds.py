@@ -71,7 +71,7 @@ def short_version(line: str) -> str:
 
 
 @images_cmd.command("ls")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="the images as JSON (shape lab.images/1)")
 @click.option("--warm", is_flag=True, help='list the warm snapshots (start = "warm") each host of lab.toml keeps')
 @config_option
 def images_ls(as_json, warm, config_path):

@@ -425,7 +425,7 @@ def doctor_cmd(config_path, as_json):
 @click.argument("host", default="local")
 @config_option
 @results_option
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="the fingerprint as JSON (shape lab.snapshot/1)")
 def snapshot_cmd(host, config_path, results_dir, as_json):
     """Fingerprint of a host (CPU, microcode, cores, governor, mitigations, kernel, hypervisor and
     tool versions, NIC drivers, bridge MTUs), stored with the results; runs on the host link to it."""

@@ -19,13 +19,25 @@ MAX_SLOTS = 8
 
 class Settings(HostSettings):
     backend: Literal["local"]
-    accel: Literal["auto", "kvm", "tcg"] = "auto"
+    accel: Literal["auto", "kvm", "tcg"] = Field(
+        default="auto",
+        description="auto: boot a kernel under KVM once and fall back to TCG if it is silent; kvm or tcg force one",
+    )
     # clones, pidfiles, consoles, leases; shared by runs so `lab gc` finds them. Default: "local" in
     # the lab's private state directory (lab.statedir, BackendEnv.state_dir). Root acts on what
     # is found there, so it must be this user's alone (checked before a run: lab.statedir.check)
-    workdir: str | None = None
-    subnet: str = "10.77.0"  # /24 inside the run's own network namespace
-    boot_timeout: float = Field(default=240.0, gt=0, le=3600)
+    workdir: str | None = Field(
+        default=None,
+        description=(
+            'clones, pidfiles, consoles, leases, shared by runs so `lab gc` finds them (default: "local" in the state '
+            "directory); must be this user's alone"
+        ),
+    )
+    subnet: str = Field(
+        default="10.77.0",
+        description="first three octets of the run's /24 inside its own network namespace (bridge .1, VMs .10-.249)",
+    )
+    boot_timeout: float = Field(default=240.0, gt=0, le=3600, description="seconds a VM may take to boot and answer")
 
     @field_validator("workdir")
     @classmethod
