@@ -11,11 +11,11 @@
 - "jail" (FreeBSD guests and hosts): no runtime makes them here (no FreeBSD machine exists), so
   lab.check refuses them at plan time.
 
-scp's load, the machine's sshd, is an sshd the container runs (SERVES_SSH). Workloads that start
-containers themselves (podman-build, container-start, git-clone's container places) run inside a
-podman container cell with nested podman (run_argv's `nested`, made only when
-the cell's suite has one): the container is privileged, has a store of its own, and sees the
-machine's images read-only.
+scp's load, the machine's sshd, is an sshd the container runs (a workload's traits: serves_ssh).
+Workloads that start containers themselves (their traits: makes_containers, container_places:
+podman-build, container-start, git-clone's container places) run inside a podman container cell
+with nested podman (run_argv's `nested`, made only when the cell's suite has one): the container is
+privileged, has a store of its own, and sees the machine's images read-only.
 
 The container is the lab's base image (localhost/lab-base: imported into root's podman store when
 the golden image is built, into docker's from BASE_TARBALL when a docker cell first needs it;
@@ -70,20 +70,19 @@ NOT_HERE = {
     "cannot be built on this machine, and no backend makes FreeBSD hosts' jails yet)",
 }
 
-# Workloads whose load is the machine's sshd (their own SSH connection from the client side): inside a
-# container cell the container runs an sshd of its own, the machine's binary, configuration, host
-# keys and authorized keys (bound read-only), on SSHD_PORT (the machine's sshd keeps port 22 of a
-# host-network container's stack); the client checks the machine's host keys under its name.
-SERVES_SSH = ("scp",)
+# For workloads whose load is the machine's sshd (their own SSH connection from the client side:
+# traits serves_ssh): inside a container cell the container runs an sshd of its own, the machine's
+# binary, configuration, host keys and authorized keys (bound read-only), on SSHD_PORT (the machine's
+# sshd keeps port 22 of a host-network container's stack); the client checks the machine's host keys
+# under its name.
 SSHD_PORT = 2222
 SSHD_BINDS = ("/etc/ssh", "/root/.ssh")
 SSHD_START = "mkdir -p /run/sshd && /usr/sbin/sshd -t -p {port} && /usr/sbin/sshd -p {port} && cat /run/sshd.pid"
 # In the container: the machine's privilege-separation user ({user}: its passwd line, shell-quoted)
 # added to the base image's /etc/passwd, which has none.
 SSHD_ADD_USER = "grep -q '^sshd:' /etc/passwd || echo {user} >> /etc/passwd"
-# Workloads that start containers of their own (so do those whose `network` lists a place other than
-# "guest"): inside the cell's container they get nested podman (NESTED_*), made only for such cells.
-MAKES_CONTAINERS = ("podman-build", "container-start")
+# Workloads that start containers of their own (Workload.own_containers): inside the cell's container
+# they get nested podman (NESTED_*), made only for such cells.
 # Nested podman: a privileged container (podman mounts overlays and makes network namespaces) with a
 # store of its own on the machine's disk (overlay cannot sit on the container's own overlay root),
 # the machine's store added read-only (the base image is there: nothing is copied or pulled), the
@@ -144,24 +143,12 @@ def os_problem(kind: Isolation, os_name: str) -> str:
     return ""
 
 
-def makes_containers(name: str, params: dict[str, Any]) -> bool:
-    """Pure: whether workload `name` with `params` starts containers of its own (nested podman
-    inside a container cell). A `network` place other than "guest" is a container of its own."""
-    if name in MAKES_CONTAINERS:
-        return True
-    places = params.get("network")
-    places = places if isinstance(places, list) else [places] if isinstance(places, str) else []
-    return any(p != "guest" for p in places)
-
-
-def workload_problem(
-    name: str, params: dict[str, Any], *, runtimes: tuple[Runtime, ...] = (Runtime.PODMAN,), bare_metal: bool = False
-) -> str:
-    """Pure: why workload `name` with `params` cannot run inside the container cells of `runtimes`
-    (and the bare-metal host's container cell, if there is one) ("" if it can)."""
-    if not makes_containers(name, params):
+def workload_problem(what: str, *, runtimes: tuple[Runtime, ...] = (Runtime.PODMAN,), bare_metal: bool = False) -> str:
+    """Pure: why a workload that starts containers of its own (`what`: why it does, from
+    Workload.own_containers; "" when it does not) cannot run inside the container cells of
+    `runtimes` (and the bare-metal host's container cell, if there is one) ("" if it can)."""
+    if not what:
         return ""
-    what = "it starts containers itself" if name in MAKES_CONTAINERS else "its network places are containers of its own"
     if Runtime.DOCKER in runtimes:
         return f"{what}, and podman inside a docker container is not set up (matrix.runtime has docker)"
     if bare_metal:
@@ -220,7 +207,7 @@ def run_argv(
     accounting reads it) instead of getting one of its own (podman only). `sysctls`: set in the
     container's own network namespace (network "bridge" only: "host" shares the machine's).
     `nested`: the machine's directory of nested_setup: podman inside the container (podman only).
-    `sshd`: the container will run an sshd of its own (SERVES_SSH)."""
+    `sshd`: the container will run an sshd of its own (a workload's traits: serves_ssh)."""
     if network not in NETWORKS:
         raise ValueError(f"network must be one of {', '.join(NETWORKS)}, got {network!r}")
     if sysctls and network != "bridge":

@@ -426,10 +426,10 @@ def test_bulk_http_commands_and_places():
 
 
 def test_estimates_are_positive():
-    from lab.workloads import WORKLOADS
+    from lab import workloads
 
     for name in ("git-clone", "podman-build", "container-start", "scp", "bulk-http"):
-        wl = WORKLOADS[name]
+        wl = workloads.get(name)
         assert wl.estimate_seconds(dict(wl.defaults)) > 0
 
 

@@ -13,7 +13,7 @@ import fakes.backend as fake
 import pytest
 from conftest import lab_cli
 
-from lab import analysis, images, isolation, plan, proc, runner
+from lab import analysis, images, isolation, plan, proc, runner, workloads
 from lab.model import Isolation, Runtime
 from lab.store import Store
 
@@ -193,19 +193,22 @@ def test_the_wrapper_enters_the_container_except_for_the_cpu_snapshot():
 
 
 def test_workload_refusals():
-    assert isolation.workload_problem("sysbench-cpu", {}) == ""
-    assert isolation.workload_problem("git-clone", {"network": ["guest"]}) == ""
-    assert isolation.workload_problem("scp", {}) == ""  # the container runs an sshd of its own
-    assert isolation.workload_problem("scp", {}, bare_metal=True) == ""  # skipped on bare metal (no SSH)
+    def problem(name: str, params: dict, **kw) -> str:
+        return isolation.workload_problem(workloads.get(name).own_containers(params), **kw)
+
+    assert problem("sysbench-cpu", {}) == ""
+    assert problem("git-clone", {"network": ["guest"]}) == ""
+    assert problem("scp", {}) == ""  # the container runs an sshd of its own
+    assert problem("scp", {}, bare_metal=True) == ""  # skipped on bare metal (no SSH)
     # workloads that start containers run inside with nested podman: not in docker's, not on bare metal
     places = {"network": ["guest", "default", "host"]}
     for wl, params in (("git-clone", places), ("podman-build", {"network": ["host"]}), ("container-start", {})):
-        assert isolation.makes_containers(wl, params)
-        assert isolation.workload_problem(wl, params) == ""
-        assert "docker" in isolation.workload_problem(wl, params, runtimes=(Runtime.PODMAN, Runtime.DOCKER))
-        assert "bare-metal host" in isolation.workload_problem(wl, params, bare_metal=True)
-    assert not isolation.makes_containers("git-clone", {"network": ["guest"]})
-    assert isolation.workload_problem("sysbench-cpu", {}, runtimes=(Runtime.DOCKER,), bare_metal=True) == ""
+        assert workloads.get(wl).own_containers(params)
+        assert problem(wl, params) == ""
+        assert "docker" in problem(wl, params, runtimes=(Runtime.PODMAN, Runtime.DOCKER))
+        assert "bare-metal host" in problem(wl, params, bare_metal=True)
+    assert not workloads.get("git-clone").own_containers({"network": ["guest"]})
+    assert problem("sysbench-cpu", {}, runtimes=(Runtime.DOCKER,), bare_metal=True) == ""
     assert isolation.kind_problem(Isolation.CONTAINER) == ""
     # zones are the SmartOS host's to make (Capabilities.machine_isolation), not refused as a kind
     assert "FreeBSD" in isolation.kind_problem(Isolation.JAIL) and isolation.kind_problem(Isolation.ZONE) == ""

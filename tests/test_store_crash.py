@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from lab import runner
+from lab import runner, workloads
 from lab.errors import LabError
 from lab.model import RawOutput, Sample
 from lab.store import Store, StoreError
@@ -121,7 +121,8 @@ def test_reparse_replaces_samples_in_one_transaction(tmp_path, monkeypatch):
         def parse(raw):
             return [Sample("new", float(len(raw.stdout)), "u", True), Sample("new2", 2.0, "u", True)]
 
-    monkeypatch.setattr(runner.measure, "load_all", lambda: {"w": Parser})
+    monkeypatch.setattr(workloads, "names", lambda: ["w"])
+    monkeypatch.setattr(workloads, "get", lambda name: Parser)
     for rep in range(3):
         raw_id = store.add_raw("r", "c01", rep, RawOutput("w", "cmd", "out" * (rep + 1)))
         store.add_samples("r", "c01", raw_id, "w", rep, [Sample("old", 1.0, "u", True)])

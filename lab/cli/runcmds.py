@@ -7,7 +7,22 @@ from pathlib import Path
 
 import click
 
-from lab import axes, backends, check, clients, config, doctor, estimate, gc, hostinfo, plan, runner, schedule, wan
+from lab import (
+    axes,
+    backends,
+    check,
+    clients,
+    config,
+    doctor,
+    estimate,
+    gc,
+    hostinfo,
+    plan,
+    runner,
+    schedule,
+    wan,
+    workloads,
+)
 from lab.cli import shapes
 from lab.cli.group import (
     RUN_ID,
@@ -28,7 +43,6 @@ from lab.errors import LabError, UsageError
 from lab.labconfig import LabConfig
 from lab.model import Isolation
 from lab.store import Store, StoreError
-from lab.workloads import load_all
 
 
 def _axis_text(a: axes.Axis, c: plan.Unit) -> str:
@@ -195,7 +209,7 @@ def say_lanes(cfg: LabConfig, units: list[plan.Unit], dups: dict[str, str], est:
     for host, seconds in est.lanes.items():
         what = f"{count.get(host, 0)} cells{lanes_at(cfg, host, at[host])}"
         say(f"  lane {host}: {what}, {duration(seconds)}", soft_wrap=True)
-    network = [w for w in cfg.suite.workloads if getattr(load_all()[w], "network", False)]
+    network = [w for w in cfg.suite.workloads if workloads.get(w).traits.network]
     sharing: dict[str, list[str]] = {}
     for h in est.lanes:
         sharing.setdefault(clients.turn_key(h, cfg.hosts[h].client), []).append(h)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from lab import isolation, osfacts, plan, schedule, tuning, wan
+from lab import isolation, osfacts, plan, schedule, tuning, wan, workloads
 from lab.errors import VerificationError
 from lab.guest import Guest
 from lab.lifecycle import CellLife, Interrupted, lease_expiry
@@ -198,9 +198,9 @@ def isolate(
             serve_web=serve_web,
             where=where,
             tuned=tuned_sysctls(life.facts.get("tuning") or {}, os_name),
-            nested=any(isolation.makes_containers(w, workload_params(ctx.cfg, w)) for w in ctx.cfg.suite.workloads),
+            nested=any(workloads.get(w).own_containers(workload_params(ctx.cfg, w)) for w in ctx.cfg.suite.workloads),
             # the bare-metal host is not reached by SSH: its scp is skipped, no sshd is started for it
-            sshd=not host_cgroup and any(w in isolation.SERVES_SSH for w in ctx.cfg.suite.workloads),
+            sshd=not host_cgroup and any(workloads.get(w).traits.serves_ssh for w in ctx.cfg.suite.workloads),
         )
     except isolation.Unavailable as exc:
         life.finish(CellStatus.NA, str(exc))
@@ -362,8 +362,8 @@ def _bare_metal_cell(
         return
     web = [
         w
-        for w in ("http", "https")
-        if w in cfg.suite.workloads and not ctx.tallies.get((cell.id, w), schedule.Tally()).stopped
+        for w in cfg.suite.workloads
+        if workloads.get(w).traits.serves_web and not ctx.tallies.get((cell.id, w), schedule.Tally()).stopped
     ]
     if web:
         why = (

@@ -11,7 +11,7 @@ repetition runs inside a load window of its host, and what the window found is s
 sample of it (labels["host_load"]), flagged when foreign load or steal exceeded the threshold. In
 "wait" mode the runner first waits, bounded, until the host has been quiet for a few seconds.
 
-The client: a network workload (`network = True` on the workload: its load generator or server
+The client: a network workload (its traits' `network`: its load generator or server
 runs on the client side) holds its client's lock (RunContext.client_locks: this machine's, or the
 host's own client VM's, lab.runner.clientvm) for its prepare and each of its runs, so two lanes
 never measure through one client at once; its samples carry the placement (labels["client"],
@@ -31,13 +31,13 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from lab import clientload, clients, flags, hostload, lifecycle, schedule
+from lab import clientload, clients, flags, hostload, lifecycle, schedule, workloads
 from lab.errors import LabError
 from lab.lifecycle import CellLife, Interrupted
 from lab.model import Client
 from lab.runner.context import RunContext, workload_params
 from lab.store import Store
-from lab.workloads import WorkloadContext, load_all
+from lab.workloads import WorkloadContext
 
 
 def run_workloads(
@@ -58,7 +58,6 @@ def run_workloads(
     fails is recorded there and skipped instead of failing the cell (the bare-metal cell: a tool
     the host lacks)."""
     cfg, store, rid, cell = ctx.cfg, ctx.store, ctx.run_id, life.cell
-    workloads = load_all()
     watch = HostWatch.of(ctx, life)
     # this machine is the "local" client: a cell measured on it (local QEMU, its bare-metal cell) must
     # not share it with another lane's load generator either
@@ -67,7 +66,7 @@ def run_workloads(
         tally = ctx.tallies.setdefault((cell.id, name), schedule.Tally())
         if tally.stopped:
             continue  # measured enough in an earlier round, or skipped
-        wl = workloads[name]
+        wl = workloads.get(name)
         wctx = WorkloadContext(
             guest=guest,
             client=client,
@@ -79,7 +78,7 @@ def run_workloads(
         )
         life.enter("workloads", f"{name}: prepare")
         placement = ctx.cfg.hosts[str(cell.host)].client
-        network = getattr(wl, "network", False)
+        network = wl.traits.network
         keys = ([clients.turn_key(str(cell.host), placement)] if network else []) + (
             [clients.LOCAL] if on_this_machine else []
         )
@@ -116,7 +115,7 @@ def run_workloads(
                     watched = client_watch if rep >= 0 else None
                     raw, load = run_watched(wl, wctx, rep, host, watched, f"{name} {detail}")
                 # the host's figures are the workload's own (idle): kept with its raw output too
-                if hostload.HOST_LOAD in load and getattr(wl, "records_host_load", False):
+                if hostload.HOST_LOAD in load and wl.traits.records_host_load:
                     raw = dataclasses.replace(
                         raw, extra={**raw.extra, hostload.HOST_LOAD: json.dumps(load[hostload.HOST_LOAD])}
                     )
@@ -289,20 +288,20 @@ class HostWatch:
 
 def reparse(store: Store, run_id: str) -> int:
     """Rebuild a run's samples from its stored raw outputs (after a parser fix)."""
-    workloads = load_all()
+    known = set(workloads.names())
     cells = {c.cell_id: c for c in store.cells(run_id)}
     old: dict[tuple[str, str, int], dict[str, Any]] = {}
     for s in store.samples(run_id):
         old.setdefault((s.cell_id, s.workload, s.repetition), s.labels)
     rows, count = [], 0
     for raw_id, cell_id, rep, raw in store.raw_outputs(run_id):
-        if rep < 0 or raw.workload not in workloads:
+        if rep < 0 or raw.workload not in known:
             continue
         # the runner's labels (axes, round, the host's load) stay; the parser's own are recomputed
         base = {k: v for k, v in old.get((cell_id, raw.workload, rep), {}).items() if k not in flags.PARSER_LABELS}
         if not base and cell_id in cells:
             base = {**cells[cell_id].axes, "repetition": rep}
-        samples = workloads[raw.workload].parse(raw)
+        samples = workloads.get(raw.workload).parse(raw)
         stamped = [
             type(s)(s.metric, s.value, s.unit, s.higher_is_better, {**base, **s.labels, "repetition": rep})
             for s in samples

@@ -21,7 +21,7 @@ from typing import Any
 
 from lab.errors import LabError, UsageError
 from lab.model import RawOutput, Sample
-from lab.workloads import WorkloadContext, containers, register
+from lab.workloads import Param, Traits, Workload, WorkloadContext, containers, register
 from lab.workloads.cpu import cpu_samples, run_guest_load
 from lab.workloads.toolkit import (
     UNMEASURED,
@@ -102,15 +102,20 @@ def parse_hyperfine_json(text: str, workload: str = "container-start") -> dict[s
     return out
 
 
-class ContainerStart:
+class ContainerStart(Workload):
     name = "container-start"
-    defaults: dict[str, Any] = {
-        "runtime": ["crun", "runc"],
-        "network": ["default", "host", "none"],
-        "store": ["persistent", "transient"],
-        "runs": 5,
-        "warmup": 1,
-    }
+    traits = Traits(
+        summary="podman container start time (hyperfine) per OCI runtime, network and store",
+        params=(
+            Param("runtime", ["crun", "runc"], "OCI runtimes to start with (crun, runc; ocijail on FreeBSD)"),
+            Param("network", ["default", "host", "none"], "the container's network: default (a bridge), host, none"),
+            Param("store", ["persistent", "transient"], "podman's container store: persistent, or transient (tmpfs)"),
+            Param("runs", 5, "measured starts per combination (1..1000)"),
+            Param("warmup", 1, "discarded starts before them (0..1000)"),
+        ),
+        primary_metrics=("start_ms_*",),
+        makes_containers=True,
+    )
 
     def params(self, ctx: WorkloadContext) -> dict[str, Any]:
         p = effective_params(self.defaults, ctx.params)

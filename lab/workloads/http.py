@@ -18,7 +18,7 @@ from lab import osfacts, proc
 from lab.errors import LabError, UsageError
 from lab.model import RawOutput, Sample
 from lab.wait import wait_until
-from lab.workloads import WorkloadContext, register
+from lab.workloads import Param, Traits, Workload, WorkloadContext, register
 from lab.workloads.cpu import cpu_samples, snapshot
 from lab.workloads.toolkit import (
     CLIENT_TOOL_HINT,
@@ -129,11 +129,23 @@ def curl_argv(target: str) -> list[str]:
     return ["curl", "-sk", "-o", "/dev/null", "-w", "%{http_code}", "--max-time", "3", target]
 
 
-class _Http:
-    name = ""
-    network = True  # its load goes through the client side: one lane at a time (lab.runner.measure)
+def _traits(scheme: str) -> Traits:
+    return Traits(
+        summary=f"{scheme.upper()} requests/s and latencies of the guest's nginx, wrk on the client side",
+        params=(
+            Param("connections", [10, 50], "open connections, one wrk run each"),
+            Param("duration", 10, "seconds each wrk run lasts"),
+            Param("path", "/", "the URL path requested (from the image's site)"),
+            Param("threads", 4, "wrk's threads (at most the connections)"),
+        ),
+        primary_metrics=("requests_per_s_*",),
+        network=True,  # wrk runs on the client side
+        serves_web=True,
+    )
+
+
+class _Http(Workload):
     scheme = ""
-    defaults: dict[str, Any] = {"connections": [10, 50], "duration": 10, "path": "/", "threads": 4}
 
     def params(self, ctx: WorkloadContext) -> dict[str, Any]:
         p = effective_params(self.defaults, ctx.params)
@@ -276,11 +288,13 @@ def _errors_problem(r: dict[str, float]) -> str:
 class Http(_Http):
     name = "http"
     scheme = "http"
+    traits = _traits("http")
 
 
 class Https(_Http):
     name = "https"
     scheme = "https"
+    traits = _traits("https")
 
 
 HTTP = register(Http())

@@ -23,7 +23,7 @@ from typing import Any
 
 from lab.errors import UsageError
 from lab.model import RawOutput, Sample
-from lab.workloads import WorkloadContext, register
+from lab.workloads import Param, Traits, Workload, WorkloadContext, register
 from lab.workloads.cpu import cpu_samples, run_guest_load
 from lab.workloads.toolkit import effective_params
 
@@ -44,10 +44,14 @@ def host_samples(extra: dict[str, str]) -> list[Sample]:
     return out
 
 
-class Idle:
+class Idle(Workload):
     name = "idle"
-    defaults: dict[str, Any] = {"duration": 10}
-    records_host_load = True  # the runner folds the host's load window into the raw output
+    traits = Traits(
+        summary="an idle guest: the CPU it and its host spend over a window where nothing runs",
+        params=(Param("duration", 10, "seconds of the idle window (at most 3600)"),),
+        primary_metrics=("cpu_busy_pct", "host_vm_cpu_pct"),
+        records_host_load=True,  # the runner folds the host's load window into the raw output
+    )
 
     def params(self, ctx: WorkloadContext) -> dict[str, Any]:
         p = effective_params(self.defaults, ctx.params)

@@ -1,5 +1,5 @@
 """scp: copy a large file between the client side and the guest, in both directions (in a container
-cell, the container's own sshd: lab.isolation.SERVES_SSH).
+cell, the container's own sshd: its traits say serves_ssh, lab.isolation).
 
 Directions as iperf3's: "tx" = the guest sends (client copies guest:FILE to /dev/null), "rx" = the
 guest receives (client copies a local file to guest:/dev/null), so neither side's disk is timed on
@@ -27,7 +27,7 @@ from typing import Any
 from lab import osfacts, proc
 from lab.errors import LabError, UsageError
 from lab.model import RawOutput, Sample
-from lab.workloads import WorkloadContext, register
+from lab.workloads import Param, Traits, Workload, WorkloadContext, register
 from lab.workloads.cpu import cpu_samples, snapshot
 from lab.workloads.toolkit import (
     UNMEASURED,
@@ -121,13 +121,20 @@ def parse_scp_output(text: str, file_bytes: int, direction: str, workload: str =
     return {"seconds": seconds, "throughput_mb_s": file_bytes / 1e6 / seconds, "sent": sent, "received": received}
 
 
-class Scp:
+class Scp(Workload):
     name = "scp"
-    network = True  # its load goes through the client side: one lane at a time (lab.runner.measure)
-    client_files = (
-        True  # its client side sends this machine's files with the lab's key: client = "local" only (lab.check)
+    traits = Traits(
+        summary="copying a large file over SSH between the client side and the guest's sshd, per direction",
+        params=(
+            Param("size_mib", 64, "the file's size in MiB (1..65536): big enough for several seconds"),
+            Param("directions", ["tx", "rx"], '"tx" (the guest sends) and/or "rx" (the guest receives)'),
+            Param("cipher", "", 'the OpenSSH cipher (scp -c); "" for its default'),
+        ),
+        primary_metrics=("seconds_tx", "seconds_rx"),
+        network=True,  # scp runs on the client side
+        client_files=True,  # it sends this machine's files with the lab's key
+        serves_ssh=True,
     )
-    defaults: dict[str, Any] = {"size_mib": 64, "directions": ["tx", "rx"], "cipher": ""}
 
     def params(self, ctx: WorkloadContext) -> dict[str, Any]:
         p = effective_params(self.defaults, ctx.params)

@@ -13,7 +13,7 @@ from typing import Any
 
 from lab.errors import LabError, UsageError
 from lab.model import RawOutput, Sample
-from lab.workloads import WorkloadContext, register
+from lab.workloads import Param, Traits, Workload, WorkloadContext, register
 from lab.workloads.cpu import cpu_samples, run_guest_load
 from lab.workloads.toolkit import (
     RUN_OVERHEAD_S,
@@ -185,9 +185,17 @@ def _check_positive_int(workload: str, name: str, value: Any) -> int:
 # Workloads
 
 
-class SysbenchCpu:
+class SysbenchCpu(Workload):
     name = "sysbench-cpu"
-    defaults: dict[str, Any] = {"threads": [1, "vcpus"], "time": 10, "max_prime": 20000}
+    traits = Traits(
+        summary="CPU: sysbench's prime search, events per second at each thread count",
+        params=(
+            Param("threads", [1, "vcpus"], 'thread counts, one run each: integers, or "vcpus" for the cell\'s vCPUs'),
+            Param("time", 10, "seconds each run lasts"),
+            Param("max_prime", 20000, "sysbench's --cpu-max-prime: the primes each event searches up to"),
+        ),
+        primary_metrics=("events_per_s_*",),
+    )
 
     def params(self, ctx: WorkloadContext) -> dict[str, Any]:
         p = effective_params(self.defaults, ctx.params)
@@ -251,9 +259,18 @@ class SysbenchCpu:
         return samples
 
 
-class SysbenchMemory:
+class SysbenchMemory(Workload):
     name = "sysbench-memory"
-    defaults: dict[str, Any] = {"block_size": "1K", "operation": "write", "time": 10, "threads": 1}
+    traits = Traits(
+        summary="memory: sysbench's memory test, MiB/s and operations/s",
+        params=(
+            Param("block_size", "1K", "the block each operation moves (1K, 4K, 1M)"),
+            Param("operation", "write", "read, write or none"),
+            Param("time", 10, "seconds the run lasts"),
+            Param("threads", 1, "threads moving memory at once"),
+        ),
+        primary_metrics=("throughput_mib_s",),
+    )
 
     def params(self, ctx: WorkloadContext) -> dict[str, Any]:
         p = effective_params(self.defaults, ctx.params)
