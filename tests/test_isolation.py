@@ -177,7 +177,6 @@ def test_the_wrapper_enters_the_container_except_for_the_cpu_snapshot():
     from lab.osfacts import facts
 
     machine = FakeGuest(address="10.0.0.2", facts=facts("debian"), nic_driver="virtio_net", vcpus=2, memory_mib=1024)
-    machine.port = 22  # a guest reached by SSH (the bare-metal host is not: port None)
     machine.containers["lab-r-c01"] = "f" * 64
     g = isolation.ContainerGuest(machine, "lab-r-c01", "debian")
     assert (g.address, g.os, g.known_hosts) == ("10.0.0.2", "debian", None)
@@ -312,29 +311,28 @@ def test_network_bridge_is_passed_to_podman(fake_lab):
 def test_a_container_for_scp_runs_an_sshd_of_its_own():
     from fakes.guest import FakeGuest
 
-    from lab.guest import Guest, HostGuest
+    from lab.guest import Guest, HostGuest, SshLogin
     from lab.osfacts import facts
 
     argv = isolation.run_argv("n", "bridge", ["/usr"], {}, sshd=True)
     assert "2222:2222" in argv and "/etc/ssh:/etc/ssh:ro" in argv and "/root/.ssh:/root/.ssh:ro" in argv
     assert "2222:2222" not in isolation.run_argv("n", "bridge", ["/usr"], {})
     machine = FakeGuest(address="10.0.0.2", facts=facts("debian"), nic_driver="virtio_net", vcpus=2, memory_mib=1024)
-    machine.port = 22  # a guest reached by SSH (the bare-metal host is not: port None)
     place = isolation.enter(Isolation.CONTAINER, machine, name="c1", os_name="debian", sshd=True)
     assert place.facts["sshd"] == {"port": 2222, "pid": 4343, "host_keys": "the machine's"}
     assert "mkdir -p /run/sshd && /usr/sbin/sshd -t -p 2222 && /usr/sbin/sshd -p 2222" in " ".join(machine.inside)
     assert machine.inside[-2] == (  # the base image has no privilege-separation user: the machine's
         "grep -q '^sshd:' /etc/passwd || echo sshd:x:100:65534::/run/sshd:/usr/sbin/nologin >> /etc/passwd"
     )
-    assert (place.guest.port, place.guest.host_key_alias) == (2222, "10.0.0.2")
+    assert place.guest.ssh_login() == SshLogin("10.0.0.2", 2222, "root", None, host_key_alias="10.0.0.2")
     place.remove()
     # what scp's own connection is checked with: the machine's known_hosts entry, named as the file names it
     ssh_machine = Guest("10.77.0.10", key=Path("/k"), port=2200, known_hosts="[10.77.0.10]:2200 ssh-ed25519 AAAA\n")
     box = isolation.ContainerGuest(ssh_machine, "c1", "debian", sshd=True)
-    assert (box.port, box.key, box.user, box.host_key_alias) == (2222, Path("/k"), "root", "[10.77.0.10]:2200")
+    assert box.ssh_login() == SshLogin("10.77.0.10", 2222, "root", Path("/k"), host_key_alias="[10.77.0.10]:2200")
     ssh_machine.close()
     bare = isolation.ContainerGuest(HostGuest("10.0.0.3", netns="lab-x"), "c2", "debian", sshd=True)
-    assert bare.port is None  # scp's prepare skips it
+    assert bare.ssh_login() is None  # scp's prepare skips it
 
 
 def test_nested_podman_argv():

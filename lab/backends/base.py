@@ -18,17 +18,15 @@ import abc
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from lab import clients, images
 from lab.errors import SettingError, UsageError
+from lab.guest import Guest, Machine
 from lab.hostload import LoadWindow, UnknownWindow
 from lab.model import MADE_BY_HOST, Client, CloneKind, DiskBus, ImageRef, Isolation, NicModel, Owned, Vm, VmSpec
-
-if TYPE_CHECKING:
-    from lab.guest import Guest
 
 
 class HostSettings(BaseModel):
@@ -170,9 +168,13 @@ class BareMetalHost(Protocol):
     and its own CPU accounting. destroy(vm) removes it like a VM."""
 
     vm: Vm  # what Backend.destroy tears down
-    guest: Any  # runs the cell's commands on the host, inside the cell's namespace and accounting
     address: str  # the cell's address on the run's bridge
     facts: dict[str, Any]
+
+    @property
+    def guest(self) -> Machine:
+        """Runs the cell's commands on the host, inside the cell's namespace and accounting."""
+        ...
 
     def describe(self) -> dict[str, Any]:
         """What the cell runs on (its `verify`): vcpus, mem_kib, kernel, nic_driver."""
@@ -322,8 +324,6 @@ class Backend(abc.ABC):
 
     def guest(self, vm: Vm, client: Client) -> Guest:
         """An SSH connection to the VM's guest, made the way this host's guests are reached."""
-        from lab.guest import Guest
-
         return Guest(
             vm.address,
             key=self.env.ssh_key,

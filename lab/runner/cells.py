@@ -9,7 +9,7 @@ from typing import Any
 
 from lab import isolation, osfacts, plan, schedule, tuning, wan, workloads
 from lab.errors import VerificationError
-from lab.guest import Guest
+from lab.guest import Machine
 from lab.lifecycle import CellLife, Interrupted, lease_expiry
 from lab.model import MADE_BY_HOST, CellStatus, ImageRef, Isolation, Runtime, Vm, VmSpec
 from lab.runner.context import RunContext, workload_params
@@ -173,7 +173,7 @@ def isolate(
     ctx: RunContext,
     life: CellLife,
     kind: Isolation,
-    machine: Any,
+    machine: Machine,
     os_name: str,
     *,
     runtime: Runtime = Runtime.PODMAN,
@@ -235,7 +235,7 @@ def isolation_labels(place: isolation.Place) -> dict[str, Any]:
 
 
 def tune_network(
-    ctx: RunContext, cell: plan.Cell, vm: Vm, guest: Guest, facts: osfacts.OsFacts, cell_facts: dict[str, Any]
+    ctx: RunContext, cell: plan.Cell, vm: Vm, guest: Machine, facts: osfacts.OsFacts, cell_facts: dict[str, Any]
 ) -> tuple[wan.Emulation | None, str]:
     """The tune stage's network knobs, each read back into cell_facts["tuning"]: congestion control,
     offloads of the cell's NIC, netem. Returns the emulation to remove after the cell and the reason
@@ -399,7 +399,7 @@ def _bare_metal_cell(
     life.finish(CellStatus.DONE if final else CellStatus.PENDING)
 
 
-def verify(guest: Guest, facts: osfacts.OsFacts, spec: VmSpec, caps: dict[str, Any] | None = None) -> dict[str, Any]:
+def verify(guest: Machine, facts: osfacts.OsFacts, spec: VmSpec, caps: dict[str, Any] | None = None) -> dict[str, Any]:
     """Read back from inside the guest what the cell asked for; refuse to measure a mismatch. A
     machine its host makes in place of a VM (a zone) has caps instead, which its backend read back
     and checked (`caps`): inside, it sees its host's CPUs and has no emulated NIC."""

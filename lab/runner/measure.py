@@ -33,6 +33,7 @@ from typing import Any
 
 from lab import clientload, clients, flags, hostload, lifecycle, schedule, workloads
 from lab.errors import LabError
+from lab.guest import Machine
 from lab.lifecycle import CellLife, Interrupted
 from lab.model import Client
 from lab.runner.context import RunContext, workload_params
@@ -43,7 +44,7 @@ from lab.workloads import WorkloadContext
 def run_workloads(
     ctx: RunContext,
     life: CellLife,
-    guest: Any,
+    guest: Machine,
     client: Client,
     os_name: str,
     address: str,

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from lab.errors import UsageError
-from lab.guest import Guest
+from lab.guest import Machine
 from lab.model import Client, RawOutput, Sample
 
 # name -> the module that registers it, imported on first use
@@ -56,7 +56,7 @@ REP_OVERHEAD_S = 3.0  # SSH, parsing and storing around a workload's own length 
 
 @dataclass
 class WorkloadContext:
-    guest: Guest  # the machine under test (lab.guest: a VM, the bare-metal host, a container)
+    guest: Machine  # the machine under test (lab.guest: a VM, the bare-metal host, a container)
     client: Client  # where the load generator runs
     os: str  # guest OS key in lab.osfacts ("debian", "freebsd", ...)
     vcpus: int

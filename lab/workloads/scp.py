@@ -26,6 +26,7 @@ from typing import Any
 
 from lab import osfacts, proc
 from lab.errors import LabError, UsageError
+from lab.guest import SshLogin
 from lab.model import RawOutput, Sample
 from lab.workloads import Param, Traits, Workload, WorkloadContext, register
 from lab.workloads.cpu import cpu_samples, snapshot
@@ -151,32 +152,39 @@ class Scp(Workload):
     def commands(self, ctx: WorkloadContext, local: str = "LOCAL") -> list[tuple[str, list[str]]]:
         """[(direction, scp argv before the client wrapper)]."""
         p = self.params(ctx)
-        g = ctx.guest
+        login = self.login(ctx)
         out = []
         for d in p["directions"]:
             out.append(
                 (
                     d,
                     scp_argv(
-                        key=str(g.key),
-                        user=g.user,
-                        address=g.address,
-                        port=g.port,
+                        key=str(login.key),
+                        user=login.user,
+                        address=login.address,
+                        port=login.port,
                         direction=d,
                         local="/dev/null" if d == "tx" else local,
                         remote=GUEST_FILE if d == "tx" else "/dev/null",
                         cipher=p["cipher"],
                         known_hosts=ctx.known_hosts,
-                        host_key_alias=getattr(g, "host_key_alias", None),  # a container cell's guest
+                        host_key_alias=login.host_key_alias,  # a container cell's sshd
                     ),
                 )
             )
         return out
 
+    def login(self, ctx: WorkloadContext) -> SshLogin:
+        """The guest's sshd, which is the load; LabError where the machine is not reached by SSH (the
+        bare-metal cell: its commands run on this host directly)."""
+        login = ctx.guest.ssh_login()
+        if login is None:
+            raise LabError(f"{self.name}: its load is an sshd, and this machine is not reached by SSH")
+        return login
+
     def prepare(self, ctx: WorkloadContext) -> None:
         p = self.params(ctx)
-        if getattr(ctx.guest, "port", None) is None:  # the bare-metal cell: commands run on this host directly
-            raise LabError(f"{self.name}: its load is an sshd, and this machine is not reached by SSH")
+        self.login(ctx)
         size = p["size_mib"] * 1048576
         if "tx" in p["directions"]:
             # dd with a byte count (bs=1048576) so GNU and BSD dd read it alike.
