@@ -9,11 +9,20 @@ from typing import Any, Protocol, runtime_checkable
 
 
 class NicModel(enum.StrEnum):
+    """The NIC models the lab knows: the one list of their names. Each backend offers those of its
+    own device table (NicModel -> what its hypervisor calls the model), each OS drives those of its
+    driver table (lab.osfacts)."""
+
     VIRTIO = "virtio"
     E1000 = "e1000"
     E1000E = "e1000e"
     RTL8139 = "rtl8139"
     VMXNET3 = "vmxnet3"
+
+
+def named_as_lab(*models: NicModel) -> dict[NicModel, str]:
+    """A device table whose entries the hypervisor (or driver) names as the lab does."""
+    return {m: m.value for m in models}
 
 
 class DiskBus(enum.StrEnum):

@@ -112,6 +112,9 @@ class Traits:
     # its load is the machine's nginx serving the image's site (http, https): the bare-metal cell
     # starts one for it (lab.runner.cells)
     serves_web: bool = False
+    # what it runs in the guest (keys of lab.osfacts.TOOLS): its prepare checks each is there, and
+    # says which package brings a missing one (toolkit.require_tools)
+    tools: tuple[str, ...] = ()
 
     def param(self, name: str) -> Param:
         return next(p for p in self.params if p.name == name)

@@ -30,7 +30,7 @@ from lab.workloads.toolkit import (
     effective_params,
     first_line,
     int_param,
-    require_guest_tool,
+    require_tools,
     segment_samples,
     split_segments,
 )
@@ -115,6 +115,7 @@ class ContainerStart(Workload):
         ),
         primary_metrics=("start_ms_*",),
         makes_containers=True,
+        tools=("podman", "hyperfine"),
     )
 
     def params(self, ctx: WorkloadContext) -> dict[str, Any]:
@@ -144,8 +145,7 @@ class ContainerStart(Workload):
         p = self.params(ctx)
         if containers.family(ctx.os) not in ("linux", "freebsd"):
             raise UsageError(f"{self.name}: no podman on {ctx.os}")
-        require_guest_tool(ctx, "podman", self.name)
-        require_guest_tool(ctx, "hyperfine", self.name)
+        require_tools(ctx, self)
         res = ctx.guest.run(f"podman image exists {containers.BASE_IMAGE}", timeout=120, check=False)
         if res.returncode != 0:
             raise LabError(

@@ -35,7 +35,7 @@ from lab.workloads.toolkit import (
     flag,
     flag_run,
     int_param,
-    require_guest_tool,
+    require_tools,
     segment_samples,
     split_segments,
 )
@@ -93,6 +93,7 @@ class GitClone(Workload):
         network=True,  # git daemon runs on the client side
         client_files=True,  # it serves a repository of this machine
         container_places="network",
+        tools=("git",),
     )
 
     def params(self, ctx: WorkloadContext) -> dict[str, Any]:
@@ -128,7 +129,7 @@ class GitClone(Workload):
 
     def prepare(self, ctx: WorkloadContext) -> None:
         p = self.params(ctx)
-        require_guest_tool(ctx, "git", self.name)
+        require_tools(ctx, self)
         containers.prepare_places(ctx, self.name, p["network"])
         res = proc.run(ctx.client.argv(["git", "--version"]), timeout=30, check=False, what="git on the client side")
         if not res.ok:

@@ -32,7 +32,7 @@ from lab.workloads.toolkit import (
     first_line,
     flag,
     flag_run,
-    require_guest_tool,
+    require_tools,
     segment_samples,
     split_segments,
     with_run_context,
@@ -43,8 +43,6 @@ _TIME_MS = {"us": 1e-3, "ms": 1.0, "s": 1e3, "m": 60e3, "h": 3600e3}
 _BYTES_MIB = {"B": 1 / 1048576, "KB": 1 / 1024, "MB": 1.0, "GB": 1024.0, "TB": 1048576.0, "PB": 1073741824.0}
 _NUM = r"([0-9]+(?:\.[0-9]+)?)"
 LATENCIES = tuple(f"latency_p{p}_ms" for p in ("50", "75", "90", "99"))
-# Where nginx lives when root's non-login PATH lacks sbin (Debian/Alpine, FreeBSD/OpenBSD ports, pkgsrc).
-SBIN_DIRS = ("/usr/sbin", "/usr/local/sbin", "/usr/pkg/sbin")
 
 
 def _fail(workload: str, text: str, why: str) -> LabError:
@@ -141,6 +139,7 @@ def _traits(scheme: str) -> Traits:
         primary_metrics=("requests_per_s_*",),
         network=True,  # wrk runs on the client side
         serves_web=True,
+        tools=("nginx",),
     )
 
 
@@ -181,7 +180,7 @@ class _Http(Workload):
 
     def prepare(self, ctx: WorkloadContext) -> None:
         self.params(ctx)
-        require_guest_tool(ctx, "nginx", self.name, also_in=SBIN_DIRS)
+        require_tools(ctx, self)
         res = proc.run(ctx.client.argv(["wrk", "-v"]), timeout=30, check=False, what="wrk on the client side")
         if "wrk" not in (res.stdout + res.stderr):
             raise LabError(f"{self.name}: wrk does not run on the client side", hint=CLIENT_TOOL_HINT)

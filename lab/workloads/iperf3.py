@@ -36,7 +36,7 @@ from lab.workloads.toolkit import (
     first_line,
     flag,
     flag_run,
-    require_guest_tool,
+    require_tools,
     segment_samples,
     split_segments,
     with_run_context,
@@ -183,6 +183,7 @@ def _traits(udp: bool) -> Traits:
         ),
         primary_metrics=("throughput_mbit_s_tx", "throughput_mbit_s_rx"),
         network=True,  # its server is on the client side
+        tools=("iperf3",),
     )
 
 
@@ -221,7 +222,7 @@ class _Iperf3(Workload):
 
     def prepare(self, ctx: WorkloadContext) -> None:
         self.params(ctx)
-        require_guest_tool(ctx, "iperf3", self.name)
+        require_tools(ctx, self)
         res = proc.run(
             ctx.client.argv(["iperf3", "--version"]), timeout=30, check=False, what="iperf3 on the client side"
         )

@@ -26,7 +26,7 @@ from lab.workloads.toolkit import (
     first_line,
     flag,
     flag_run,
-    require_guest_tool,
+    require_tools,
     segment_samples,
     split_segments,
     with_run_context,
@@ -195,6 +195,7 @@ class SysbenchCpu(Workload):
             Param("max_prime", 20000, "sysbench's --cpu-max-prime: the primes each event searches up to"),
         ),
         primary_metrics=("events_per_s_*",),
+        tools=("sysbench",),
     )
 
     def params(self, ctx: WorkloadContext) -> dict[str, Any]:
@@ -215,7 +216,7 @@ class SysbenchCpu(Workload):
 
     def prepare(self, ctx: WorkloadContext) -> None:
         self.params(ctx)
-        require_guest_tool(ctx, "sysbench", self.name)
+        require_tools(ctx, self)
 
     def run(self, ctx: WorkloadContext, repetition: int) -> RawOutput:
         p = self.params(ctx)
@@ -270,6 +271,7 @@ class SysbenchMemory(Workload):
             Param("threads", 1, "threads moving memory at once"),
         ),
         primary_metrics=("throughput_mib_s",),
+        tools=("sysbench",),
     )
 
     def params(self, ctx: WorkloadContext) -> dict[str, Any]:
@@ -288,7 +290,7 @@ class SysbenchMemory(Workload):
 
     def prepare(self, ctx: WorkloadContext) -> None:
         self.params(ctx)
-        require_guest_tool(ctx, "sysbench", self.name)
+        require_tools(ctx, self)
 
     def run(self, ctx: WorkloadContext, repetition: int) -> RawOutput:
         p = self.params(ctx)

@@ -35,7 +35,7 @@ from lab import osfacts, proc
 from lab.errors import LabError, UsageError
 from lab.model import RawOutput, Sample
 from lab.wait import wait_until
-from lab.workloads import WorkloadContext
+from lab.workloads import Workload, WorkloadContext
 from lab.workloads.cpu import GuestLoad
 
 SEGMENT_RE = re.compile(r"^@@lab-segment (?P<tag>[A-Za-z0-9_.-]+) rc=(?P<rc>-?\d+)@@$")
@@ -248,11 +248,19 @@ def tool_check_command(tool: str, also_in: tuple[str, ...] = ()) -> str:
 CLIENT_TOOL_HINT = "run `make setup` (this machine), or `lab images build` (a client VM's golden image)"
 
 
-def require_guest_tool(ctx: WorkloadContext, tool: str, workload: str, also_in: tuple[str, ...] = ()) -> None:
-    """Fail early, with the package to add, when a tool is missing in the guest."""
+def require_tools(ctx: WorkloadContext, workload: Workload) -> None:
+    """Each tool the workload's traits name, in the guest (require_guest_tool)."""
+    for tool in workload.traits.tools:
+        require_guest_tool(ctx, tool, workload.name)
+
+
+def require_guest_tool(ctx: WorkloadContext, tool: str, workload: str) -> None:
+    """Fail early, with the package to add, when a tool is missing in the guest (looked for where
+    lab.osfacts.TOOLS says it may be, too)."""
+    also_in = osfacts.TOOLS[tool].dirs if tool in osfacts.TOOLS else ()
     res = ctx.guest.run(tool_check_command(tool, also_in), timeout=30, check=False)
     if res.returncode != 0 or not res.stdout.strip():
-        pkg = osfacts.facts(ctx.os).packages.get(tool, tool)
+        pkg = osfacts.package(ctx.os, tool)
         raise LabError(
             f"{workload}: {tool} is not installed in the guest ({ctx.os})",
             hint=f"add the package {pkg!r} to the {ctx.os} golden image (packer/) and rebuild it",

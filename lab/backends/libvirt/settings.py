@@ -260,7 +260,7 @@ def capabilities(settings: Settings) -> Capabilities:
     snapshots = "save-restore" in caps.features
     return Capabilities(
         description=f"libvirt/{caps.driver}",
-        nic_models=caps.nics,
+        nic_models=frozenset(caps.nics),
         disk_buses=caps.disk_buses,
         clone_kinds=frozenset(CloneKind),
         boot_modes=caps.boot_modes,

@@ -10,7 +10,8 @@ from typing import Literal
 from pydantic import Field, field_validator
 
 from lab.backends.base import Capabilities, HostSettings
-from lab.model import CloneKind, DiskBus, NicModel
+from lab.backends.local.qemu import DISK_DEVICES, NIC_DEVICE
+from lab.model import CloneKind
 
 # Machines of one run up at once ([hosts.local] slots): each is a QEMU with its own tap, address and
 # MAC in the run's namespace; a handful is all a workstation's cores make sense for.
@@ -58,8 +59,8 @@ def capabilities(settings: Settings) -> Capabilities:
     return Capabilities(
         description="local QEMU",
         max_slots=MAX_SLOTS,
-        nic_models=frozenset(NicModel),
-        disk_buses=frozenset(DiskBus),
+        nic_models=frozenset(NIC_DEVICE),
+        disk_buses=frozenset(DISK_DEVICES),
         clone_kinds=frozenset(CloneKind),
         boot_modes=frozenset({"kernel"}),
         max_vcpus=128,

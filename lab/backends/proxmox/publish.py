@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from lab import images
+from lab import images, osfacts
 from lab.backends.proxmox.ownership import TEMPLATE_TAG, dns_name, template_description
 from lab.backends.proxmox.placement import Vmids
 from lab.backends.proxmox.privileges import Privileges, for_publish
@@ -126,7 +126,7 @@ class Publisher:
             "cores": 1,
             "sockets": 1,
             "cpu": self.settings.cpu_type,
-            "ostype": "l26" if image.os in ("debian", "alpine", "ubuntu") else "other",
+            "ostype": osfacts.facts(image.os).pve_ostype,
             "scsihw": "virtio-scsi-single",
             "scsi0": f"{storage}:0,import-from={source}",
             "ide2": f"{storage}:cloudinit",

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 from lab.backends.base import Capabilities, HostSettings
 from lab.backends.proxmox.tls import normalise
-from lab.model import CloneKind, DiskBus, NicModel
+from lab.model import CloneKind, DiskBus, NicModel, named_as_lab
 
 PVE_NODE = r"^[a-zA-Z0-9]([a-zA-Z0-9\-]*[a-zA-Z0-9])?$"  # PVE's pve-node format
 
@@ -207,6 +207,8 @@ def address_pool(spec: str) -> list[str]:
     return [str(ip) for ip in ipaddress.IPv4Network(spec.strip(), strict=False).hosts()]
 
 
+# The NIC models a clone's net0 can have: PVE's `model` names them as the lab does.
+NET_MODELS = named_as_lab(*NicModel)
 # The config key each disk bus gets on a clone: ide2 holds the cloud-init drive, so IDE is ide0.
 DISK_KEYS = {DiskBus.VIRTIO: "virtio0", DiskBus.SCSI: "scsi0", DiskBus.SATA: "sata0", DiskBus.IDE: "ide0"}
 
@@ -217,7 +219,7 @@ MAX_SLOTS = 16
 def capabilities(settings: Settings) -> Capabilities:
     return Capabilities(
         description="Proxmox VE",
-        nic_models=frozenset(NicModel),
+        nic_models=frozenset(NET_MODELS),
         disk_buses=frozenset(DISK_KEYS),  # the clone's disk is re-attached on the cell's bus
         clone_kinds=frozenset(CloneKind),
         boot_modes=frozenset({"bios", "uefi"}),

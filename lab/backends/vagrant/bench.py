@@ -175,7 +175,7 @@ def main() -> None:
     ap.add_argument("--vagrant-home", default=None)
     ap.add_argument("--storage-pool", default="default")
     ap.add_argument("--workdir", default="/var/tmp/lab/vagrant-bench")
-    ap.add_argument("--nic", default="virtio", choices=[n.value for n in NicModel])
+    ap.add_argument("--nic", default=NicModel.VIRTIO.value, choices=[n.value for n in NicModel])
     args = ap.parse_args()
     local_dir = args.local_workdir or tempfile.mkdtemp(prefix="lbl", dir="/var/tmp")
     hosts = {

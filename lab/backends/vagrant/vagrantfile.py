@@ -10,6 +10,7 @@ from pathlib import Path
 import jinja2
 
 from lab import TEMPLATES_DIR
+from lab.backends.vagrant.settings import LIBVIRT_NICS
 from lab.model import DiskBus, NicModel
 
 TEMPLATE_DIR = TEMPLATES_DIR / "vagrant"
@@ -88,7 +89,7 @@ def render(machine: Machine) -> str:
     context = {
         "m": {
             **machine.__dict__,
-            "nic_model": machine.nic.value,
+            "nic_model": LIBVIRT_NICS[machine.nic],
             "disk_bus": bus,
             "disk_device": device,
             "disk_controller_model": controller,
