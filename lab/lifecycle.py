@@ -34,18 +34,13 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from lab.backends import Backend
-from lab.errors import HostUnreachable, LabError
+from lab.errors import HostUnreachable, Interrupted, LabError
 from lab.model import CellStatus, Vm
 from lab.store import Store
 
 STAGES = ("lease", "clone", "boot", "ssh", "verify", "tune", "workloads", "teardown")
 CONSOLE_TAIL_LINES = 15
 clock = time.monotonic  # stage times: a module attribute so that tests can step it
-
-
-class Interrupted(BaseException):
-    """Raised from the SIGTERM/SIGINT handler so every `finally` runs (BaseException: no
-    `except Exception` on the way may swallow it)."""
 
 
 @contextlib.contextmanager

@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Final, Protocol, runtime_checkable
 
 
 class NicModel(enum.StrEnum):
@@ -23,6 +23,12 @@ class NicModel(enum.StrEnum):
 def named_as_lab(*models: NicModel) -> dict[NicModel, str]:
     """A device table whose entries the hypervisor (or driver) names as the lab does."""
     return {m: m.value for m in models}
+
+
+# How a plan's cells are told apart in the results (lab.plan makes them, the views read them back):
+# the kind of the cell that runs the suite on the host itself, and the label suffix of an A/A twin.
+BARE_METAL: Final = "bare-metal"
+TWIN_SUFFIX: Final = "#aa"
 
 
 class DiskBus(enum.StrEnum):

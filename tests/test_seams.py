@@ -107,3 +107,161 @@ def test_os_facts_have_one_home():
         and "hyperfine" not in osfacts.facts("alpine").packages
     )
     assert osfacts.package("openbsd", "tool-nobody-knows") == "tool-nobody-knows"
+
+
+# ---------------------------------------------------------------------------------------------
+# The parts of the design (README, "Architecture"): every module of lab/ has one, and no import
+# crosses a seam. The first parts and rules are ../shared/tools/layers'; the rest place the modules
+# it leaves on no part.
+
+PARTS = {
+    "face": ["lab.cli", "lab.__main__"],
+    "views": ["lab.report", "lab.analysis", "lab.results", "lab.compare", "lab.reparse"],
+    "run": [
+        "lab.runner",
+        "lab.schedule",
+        "lab.gc",
+        "lab.bench",
+        "lab.doctor",
+        "lab.lifecycle",
+        "lab.reproduce",
+    ],
+    "config": ["lab.config", "lab.labconfig", "lab.plan", "lab.check", "lab.axes", "lab.estimate"],
+    "backends": ["lab.backends"],
+    "workloads": ["lab.workloads"],
+    "guestside": ["lab.guest", "lab.tuning", "lab.wan", "lab.hostinfo", "lab.osfacts", "lab.isolation"],
+    "images": ["lab.images"],
+    "store": ["lab.store", "lab.storeschema"],
+    "load": ["lab.hostload", "lab.clientload", "lab.flags"],
+    "leaves": [
+        "lab.stats",
+        "lab.errors",
+        "lab.model",
+        "lab.proc",
+        "lab.wait",
+        "lab.runlock",
+        "lab.secrets",
+        "lab.statedir",
+        "lab.clients",
+    ],
+}
+NEVER = [
+    ("backends", "config"),
+    ("backends", "run"),
+    ("backends", "workloads"),
+    ("backends", "face"),
+    ("backends", "views"),
+    ("workloads", "backends"),
+    ("workloads", "run"),
+    ("views", "backends"),
+    ("views", "run"),
+    ("store", "config"),
+    ("guestside", "config"),
+    ("config", "run"),
+    ("run", "face"),
+    *[
+        (low, high)
+        for low in ("leaves", "load")
+        for high in ("config", "store", "backends", "workloads", "run", "views", "face", "guestside", "images")
+    ],
+    ("leaves", "load"),
+]
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(LAB.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def part_of(module: str) -> str | None:
+    best = max(
+        (
+            (p, prefix)
+            for p, prefixes in PARTS.items()
+            for prefix in prefixes
+            if module == prefix or module.startswith(prefix + ".")
+        ),
+        key=lambda pp: len(pp[1]),
+        default=(None, ""),
+    )
+    return best[0]
+
+
+def imports_of(path: Path, tree: ast.Module) -> set[str]:
+    """The lab modules `path` names in its imports (in functions and under TYPE_CHECKING too)."""
+    module = module_name(path)
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = package.split(".")[: len(package.split(".")) - node.level + 1] if node.level else []
+            target = ".".join(base + ([node.module] if node.module else []))
+            out |= {target, *(f"{target}.{a.name}" for a in node.names)}
+    return {m for m in out if m == "lab" or m.startswith("lab.")}
+
+
+def known_modules() -> dict[str, Path]:
+    return {module_name(p): p for p in LAB.rglob("*.py")}
+
+
+def resolve(name: str, modules: dict[str, Path]) -> str | None:
+    while name and name not in modules:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def test_every_module_has_a_part_and_no_import_crosses_a_seam():
+    modules = known_modules()
+    assert sorted(m for m in modules if m != "lab" and part_of(m) is None) == []
+    crossings = []
+    for path, tree in sources():
+        src = part_of(module_name(path))
+        for target in imports_of(path, tree):
+            dst = part_of(target)
+            if src and dst and src != dst and (src, dst) in NEVER:
+                crossings.append(f"{path.relative_to(LAB.parent)} imports {target}: {src} -> {dst}")
+    assert sorted(set(crossings)) == []
+
+
+def test_the_views_import_nothing_that_imports_a_backend():
+    """Reading results needs no hypervisor: what the views import, and all it imports in turn, is
+    free of lab.backends, lab.plan and lab.runner (`lab show`'s command module imports the CLI's
+    group, which reads lab.toml: the views proper are checked whole, the command module one level
+    down)."""
+    modules = known_modules()
+    graph = {}
+    for path, tree in sources():
+        graph[module_name(path)] = {r for t in imports_of(path, tree) if (r := resolve(t, modules))}
+    forbidden = ("lab.backends", "lab.plan", "lab.runner")
+
+    def reached(start: str) -> set[str]:
+        seen, todo = {start}, [start]
+        while todo:
+            for d in graph.get(todo.pop(), ()):
+                if d not in seen:
+                    seen.add(d)
+                    todo.append(d)
+        return seen
+
+    for view in [m for m in modules if part_of(m) == "views"]:
+        bad = sorted(m for m in reached(view) if m.startswith(forbidden))
+        assert bad == [], view
+    for direct in graph["lab.cli.views"] - {"lab.cli", "lab.cli.group"}:
+        assert not [m for m in graph.get(direct, ()) | {direct} if m.startswith(forbidden)], direct
+
+
+def test_the_readme_architecture_names_every_module():
+    """The picture stays true: each top-level module and package of lab/ is named in README's
+    Architecture section (lab/NAME.py, lab/NAME/, or `NAME` in the table of parts)."""
+    readme = (LAB.parent / "README.md").read_text()
+    start = readme.index("## Architecture")
+    section = readme[start : readme.index("\n## ", start + 5)]
+    names = sorted(
+        p.stem if p.suffix == ".py" else p.name
+        for p in LAB.iterdir()
+        if (p.suffix == ".py" and p.stem != "__init__") or (p / "__init__.py").exists()
+    )
+    missing = [n for n in names if not any(f in section for f in (f"lab/{n}.py", f"lab/{n}/", f"`{n}`"))]
+    assert missing == []

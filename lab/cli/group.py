@@ -18,9 +18,8 @@ import click
 
 from lab import __version__, config, proc
 from lab.cli.printing import err, line
-from lab.errors import LabError, UsageError
+from lab.errors import Interrupted, LabError, UsageError
 from lab.labconfig import LabConfig
-from lab.lifecycle import Interrupted
 from lab.store import Store
 
 RUN_ID = re.compile(r"[a-z0-9][a-z0-9-]{0,15}")

@@ -11,11 +11,12 @@ import time
 import click
 from rich.text import Text
 
-from lab import analysis, axes, report, results, runner
+from lab import analysis, axes, report, results
 from lab.cli import shapes
 from lab.cli.group import cli, closing, config_option, open_store, results_dir as find_results, results_option
 from lab.cli.printing import VERDICT_STYLES, clock, duration, fmt, line, out, say, styled, table
 from lab.errors import UsageError
+from lab.reparse import reparse
 from lab.store import RunRow, Store
 
 
@@ -446,5 +447,5 @@ def reparse_cmd(run_ref, config_path, results_dir):
     """Rebuild a run's samples from its stored raw outputs (after a parser fix)."""
     store = open_store(config_path, results_dir)
     run = store.run(run_ref)
-    n = runner.reparse(store, run.id)
+    n = reparse(store, run.id)
     say(f"run {run.id}: {n} samples rebuilt from raw outputs")

@@ -1,4 +1,4 @@
-"""The workloads stage of a cell, and rebuilding samples from stored raw outputs.
+"""The workloads stage of a cell.
 
 Warm-ups are discarded; measured repetitions follow the repetition policy (lab.schedule), or a
 quota per boot in interleaved rounds. Every execution is recorded in the store as it starts and
@@ -31,13 +31,12 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from lab import clientload, clients, flags, hostload, lifecycle, schedule, workloads
+from lab import clientload, clients, hostload, lifecycle, schedule, workloads
 from lab.errors import LabError
 from lab.guest import Machine
 from lab.lifecycle import CellLife, Interrupted
 from lab.model import Client
 from lab.runner.context import RunContext, workload_params
-from lab.store import Store
 from lab.workloads import WorkloadContext
 
 
@@ -285,29 +284,3 @@ class HostWatch:
         if "flag" in label and not self.not_quiet:
             self.reporter.warn(f"{self.life.cell.id} {what}: flagged: {label['flag']}")
         return {hostload.HOST_LOAD: label}
-
-
-def reparse(store: Store, run_id: str) -> int:
-    """Rebuild a run's samples from its stored raw outputs (after a parser fix)."""
-    known = set(workloads.names())
-    cells = {c.cell_id: c for c in store.cells(run_id)}
-    old: dict[tuple[str, str, int], dict[str, Any]] = {}
-    for s in store.samples(run_id):
-        old.setdefault((s.cell_id, s.workload, s.repetition), s.labels)
-    rows, count = [], 0
-    for raw_id, cell_id, rep, raw in store.raw_outputs(run_id):
-        if rep < 0 or raw.workload not in known:
-            continue
-        # the runner's labels (axes, round, the host's load) stay; the parser's own are recomputed
-        base = {k: v for k, v in old.get((cell_id, raw.workload, rep), {}).items() if k not in flags.PARSER_LABELS}
-        if not base and cell_id in cells:
-            base = {**cells[cell_id].axes, "repetition": rep}
-        samples = workloads.get(raw.workload).parse(raw)
-        stamped = [
-            type(s)(s.metric, s.value, s.unit, s.higher_is_better, {**base, **s.labels, "repetition": rep})
-            for s in samples
-        ]
-        rows.append((cell_id, raw_id, raw.workload, rep, stamped))
-        count += len(stamped)
-    store.replace_samples(run_id, rows)  # parsed first, swapped in one transaction
-    return count
