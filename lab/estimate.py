@@ -6,8 +6,8 @@ veth, cgroup), verify, teardown), then per workload its prepare and its warm-ups
 its boots, its measured repetitions (adaptive repetition: the minimum, `repetitions`), each after
 its wait for a quiet host where the host is waited for ([suite] quiet_host, lab.hostload).
 
-Each of those figures is the median of what the results store holds (Store.stage_times for the
-stages and prepares, Store.executions for warm-ups and repetitions) for cells of the same host
+Each of those figures is the median of what the results store holds (Store.timings.stage_times for the
+stages and prepares, Store.timings.executions for warm-ups and repetitions) for cells of the same host
 and image (the bare-metal cell: the same host), over the last RECENT_RUNS runs that measured
 such a cell, on the accelerator the newest of them recorded (TCG and KVM differ by 10x, and
 `lab plan` does not probe), and for a workload only from runs with the same parameters. A figure
@@ -145,7 +145,7 @@ def measured(store: Store, host: str, image: str | None, params: dict[str, dict[
         ]
         if not cells:
             continue
-        times = store.stage_times(run.id)
+        times = store.timings.stage_times(run.id)
         ids = {c.cell_id for c in cells}
         if not any(t.cell_id in ids for t in times):
             continue  # measured nothing (failed at once, or written before stage times were stored)
@@ -175,7 +175,7 @@ def measured(store: Store, host: str, image: str | None, params: dict[str, dict[
             else:
                 stages.setdefault(t.stage, []).append(t.seconds)
             used = True
-        for e in store.executions(run.id):
+        for e in store.timings.executions(run.id):
             if e.cell_id in ids and e.outcome == "ok" and e.finished_at is not None and e.workload in same_params:
                 (warm if e.repetition < 0 else reps).setdefault(e.workload, []).append(e.finished_at - e.started_at)
         if used:
@@ -195,7 +195,7 @@ def run_overhead(store: Store, host: str) -> tuple[float | None, list[str]]:
         if run.status != "done" or run.finished_at is None:
             continue
         cells = store.cells(run.id)
-        times = store.stage_times(run.id)
+        times = store.timings.stage_times(run.id)
         if not times or any(c.axes.get("host") != host or c.status not in ("done", "n/a", "duplicate") for c in cells):
             continue  # another host's share cannot be told apart; a failed stage went unrecorded
         in_cells = sum(t.seconds for t in times if t.stage not in INSIDE_WORKLOADS)

@@ -225,7 +225,7 @@ def test_gc_finds_and_removes_what_a_workdir_holds(tmp_path):
 
 def test_backend_reads_its_typed_settings(tmp_path):
     backend = backend_in(tmp_path / "w", subnet="10.9.8", boot_timeout=5)
-    assert backend.workdir == tmp_path / "w" and backend.gateway == "10.9.8.1"
+    assert backend.workdir == tmp_path / "w" and backend.machines.gateway == "10.9.8.1"
     assert backend.settings.boot_timeout == 5 and backend.facts()["backend"] == "local"
     vm = Vm(
         spec=make_spec(IMAGE, "r1", NicModel.VIRTIO),
@@ -297,7 +297,7 @@ def test_cpu_times_sums_the_lab_and_its_cgroup_from_a_proc_tree(tmp_path):
 def test_host_load_is_a_counter_window_over_cpu_times(tmp_path):
     """The seam's window (lab.hostload) over this machine's /proc: known, with the lab's share."""
     backend = local.LocalBackend("local", local.Settings(backend="local", workdir=str(tmp_path)))
-    window = backend.host_load([])
+    window = backend.load_meter.window([])
     sum(range(200_000))  # this process is the lab's: a little CPU for it to count
     load = window.stop()
     assert load.known and load.unknown == "" and load.cpus == os.cpu_count() and load.seconds > 0

@@ -36,11 +36,11 @@ if not store.runs():
     store.add_cell(run, "c01", 1, "c01", {{}})
 rep = store.db.execute("SELECT COALESCE(MAX(repetition) + 1, 0) FROM raw_outputs").fetchone()[0]
 while True:
-    eid = store.start_execution(run, "c01", 1, "sysbench-cpu", rep)
+    eid = store.timings.start_execution(run, "c01", 1, "sysbench-cpu", rep)
     raw_id = store.add_raw(run, "c01", rep, RawOutput("sysbench-cpu", "sysbench", "x" * 4000))
     store.add_samples(run, "c01", raw_id, "sysbench-cpu", rep,
                       [Sample(f"m{{i}}", rep + i / 10, "1/s", True, {{"repetition": rep}}) for i in range({METRICS})])
-    store.finish_execution(eid, "ok", raw_id=raw_id)
+    store.timings.finish_execution(eid, "ok", raw_id=raw_id)
     sys.stdout.write(f"ok {{rep}}\\n")
     sys.stdout.flush()
     rep += 1

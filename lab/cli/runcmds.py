@@ -400,8 +400,8 @@ def snapshot_cmd(host, config_path, results_dir, as_json):
         facts = hostinfo.snapshot(host, backend)
     fp = hostinfo.fingerprint(facts)
     store = new_store(cfg, Path(results_dir) if results_dir else None)
-    fid = store.save_host_facts(host, fp, facts)
-    runs = store.runs_of_host_facts(fid)
+    fid = store.host_facts.save(host, fp, facts)
+    runs = store.host_facts.runs_of(fid)
     if as_json:  # the facts at the top level, as `lab snapshot` has always printed them
         shapes.emit("snapshot", {**dict(sorted(facts.items())), "fingerprint": fp, "stored_id": fid, "runs": runs})
         return

@@ -79,7 +79,7 @@ def print_show(store: Store, run: RunRow, everything: bool = False) -> None:
             )
         )
     if run.manifest.get("rounds"):
-        executed = store.executions(run.id)
+        executed = store.timings.executions(run.id)
         say(
             f"executed: {len(executed)} workload runs in {len(run.manifest['rounds'])} rounds: "
             + " | ".join(f"{i}: {' '.join(r)}" for i, r in enumerate(run.manifest["rounds"], start=1)),
@@ -280,7 +280,9 @@ def compare_cmd(run_a, run_b, sel_a, sel_b, baseline, everything, config_path, r
     sides = []
     for r, sel, opt in ((ra, sel_a, "--a"), (rb, sel_b, "--b")):
         selector = analysis.parse_selector(sel, opt)
-        sd = analysis.side(r.id, r.seed, store.cells(r.id), store.samples(r.id), store.host_facts(r.id), selector)
+        sd = analysis.side(
+            r.id, r.seed, store.cells(r.id), store.samples(r.id), store.host_facts.of_run(r.id), selector
+        )
         if not sd.cells:
             raise UsageError(
                 f"{opt} {','.join(sel)}: no cell of run {r.id} matches"

@@ -340,7 +340,10 @@ def _bare_metal_cell(
 ) -> None:
     cfg, client = ctx.cfg, ctx.clients[cell.host]
     life.enter("clone", "namespace, veth, cgroup")
-    bm = ctx.backends[cell.host].bare_metal(ctx.run_id, cell.id, cell.index, expires, client)
+    backend = ctx.backends[cell.host]
+    if backend.bare_metal is None:
+        raise backend.lacks("cannot run a bare-metal cell")
+    bm = backend.bare_metal.make(ctx.run_id, cell.id, cell.index, expires, client)
     life.vm = bm.vm
     life.facts.update(bm.facts)
     life.enter("verify")

@@ -109,7 +109,7 @@ def run_workloads(
                 host.before(f"{name} {detail}{where}")
                 if host.mode == "wait":  # the wait is part of what a repetition costs (lab.estimate)
                     life.timed("quiet", lifecycle.clock() - started, workload=name)
-            eid = store.start_execution(rid, cell.id, round_no, name, rep)
+            eid = store.timings.start_execution(rid, cell.id, round_no, name, rep)
             try:
                 with turn():
                     watched = client_watch if rep >= 0 else None
@@ -135,9 +135,9 @@ def run_workloads(
                     store.add_samples(rid, cell.id, raw_id, name, rep, stamped)
                     tally.add(stamped, raw.seconds)
             except BaseException as exc:
-                store.finish_execution(eid, "failed", error=str(exc) or type(exc).__name__)
+                store.timings.finish_execution(eid, "failed", error=str(exc) or type(exc).__name__)
                 raise
-            store.finish_execution(eid, "ok", raw_id=raw_id)
+            store.timings.finish_execution(eid, "ok", raw_id=raw_id)
 
         for w in range(cfg.suite.warmup):
             execute(w - cfg.suite.warmup, "warm-up")  # warm-ups are negative and yield no samples
@@ -238,7 +238,11 @@ class HostWatch:
         return [self.life.vm] if self.life.vm is not None else []
 
     def open(self) -> hostload.LoadWindow:
-        return self.backend.host_load(self._vms())
+        meter = self.backend.load_meter
+        if meter is None:
+            why = f"host {self.backend.host_name!r} ({self.backend.name} backend) does not report its CPU load"
+            return hostload.UnknownWindow(why)
+        return meter.window(self._vms())
 
     def before(self, what: str) -> None:
         """In "wait" mode: until the host has been quiet for quiet_seconds (at most quiet_timeout_s)."""

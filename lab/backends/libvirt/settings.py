@@ -266,6 +266,7 @@ def capabilities(settings: Settings) -> Capabilities:
         boot_modes=caps.boot_modes,
         max_vcpus=caps.max_vcpus,
         snapshots=snapshots,
+        host_load=True,  # /proc/stat or kern.cp_time over the backend's link (hostload.LoadMeter)
         missing={}
         if snapshots
         else {

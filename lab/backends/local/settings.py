@@ -66,6 +66,7 @@ def capabilities(settings: Settings) -> Capabilities:
         max_vcpus=128,
         snapshots=True,  # warm start: lab.backends.local.warm
         bare_metal=True,
+        host_load=True,  # this machine's CPU counters (lab.backends.local.hostload)
         lab_side_link=True,
         # the host is this machine: a run waits for it to be quiet before each measured repetition
         # ([suite] quiet_host defaults to "wait"; lab.backends.local.hostload measures it)

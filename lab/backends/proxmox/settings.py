@@ -228,5 +228,6 @@ def capabilities(settings: Settings) -> Capabilities:
         # measured VMs at once on a node (`slots`): the cluster makes them (VMIDs, addresses and
         # clone/destroy calls are already shared safely by the lanes of a run)
         max_slots=MAX_SLOTS,
+        host_load=True,  # the node's CPU from the API (host.LoadMeter)
         missing={"snapshots": "a PVE vmstate snapshot cannot be cloned: warm start is not available"},
     )

@@ -141,6 +141,7 @@ class VagrantBackend(Backend):
         self.virsh = Virsh(settings.uri)
         self.workdir = Path(settings.workdir)
         self._run_locks = RunLocks(self._lock_path)
+        self.publishing = box.BoxPublishing(self.vagrant)
         self._versions: dict[str, str] = {}
 
     @classmethod
@@ -216,9 +217,6 @@ class VagrantBackend(Backend):
     def host_facts(self) -> dict[str, Any]:
         res = self.virsh.run(["version"], what="virsh version", check=False, timeout=30)
         return {**self.facts(), "libvirt": res.stdout.strip() if res.ok else ""}
-
-    def publish_image(self, image: ImageRef) -> str:
-        return box.publish(image, self.vagrant)
 
     # -- per run ---------------------------------------------------------------------------------------
 

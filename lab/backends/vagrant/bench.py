@@ -190,7 +190,9 @@ def main() -> None:
     for b in hosts.values():
         b.check()
     image = images.load("debian12")
-    print(f"vagrant box: {hosts['vagrant'].publish_image(image)}")
+    publishing = hosts["vagrant"].publishing
+    assert publishing is not None  # the vagrant backend publishes boxes
+    print(f"vagrant box: {publishing.publish(image)}")
     try:
         result = rows(hosts, args.repetitions, nic=NicModel(args.nic))
     except LabError as exc:
