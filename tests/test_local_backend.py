@@ -32,6 +32,8 @@ from lab.osfacts import facts
 from lab.runner import verify
 from lab.store import Store
 from lab.wait import wait_until
+from lab.workloads import WorkloadContext
+from lab.workloads.ping import PING
 
 IMAGE = ImageRef(name="debian12", os="debian", path=Path("/images/debian12.qcow2"), digest="d")
 
@@ -376,6 +378,12 @@ def test_boot_verify_run_destroy(golden, workdir, nic, clone):
             )
             with pytest.raises(VerificationError, match="vCPUs"):
                 verify(guest, facts("debian"), wrong)
+            if nic is NicModel.VIRTIO:  # the ping workload, for real: the guest pings the run's bridge (~1 s)
+                ctx = WorkloadContext(guest, client, "debian", 2, {"count": 5, "interval": 0.2, "size": 56})
+                PING.prepare(ctx)
+                rows = {s.metric: s for s in PING.parse(PING.run(ctx, 0))}
+                assert rows["loss_pct"].value == 0 and 0 < rows["rtt_min_ms"].value <= rows["rtt_avg_ms"].value
+                assert "flagged" not in rows["rtt_avg_ms"].labels and "cpu_busy_pct" in rows
         pid = vm.handle["pid"]
         t0 = time.monotonic()
         backend.destroy(vm)

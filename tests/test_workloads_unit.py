@@ -115,7 +115,7 @@ def test_every_workload_declares_its_traits():
         assert wl.params(ctx(workload_params=wl.defaults)) is not None, name
         assert wl.estimate_seconds(wl.params(ctx(workload_params=wl.defaults))) > 0, name
     net = {n for n, wl in load_all().items() if wl.traits.network}
-    assert net == {"iperf3-tcp", "iperf3-udp", "http", "https", "bulk-http", "scp", "git-clone", "podman-build"}
+    assert net == {"iperf3-tcp", "iperf3-udp", "http", "https", "bulk-http", "scp", "git-clone", "podman-build", "ping"}
     assert {n for n, wl in load_all().items() if wl.traits.client_files} == {"scp", "git-clone", "podman-build"}
     assert {n for n, wl in load_all().items() if wl.traits.serves_web} == {"http", "https"}
 

@@ -18,7 +18,8 @@ made. One module may register a family (sysbench-cpu and sysbench-memory). Build
 toolkit, the modules here that register nothing:
 
   cpu          guest CPU utilisation around a load (run_guest_load, snapshot, cpu_samples)
-  toolkit      parameters, segments (SegmentLog), the guest tool check, a server on the client side
+  toolkit      parameters, segments (SegmentLog), the guest tool check, a server on the client side,
+               GuestCommand (a workload whose repetition is one command line in the guest: ping)
   containers   where a load runs in the guest: itself, a podman container or a FreeBSD jail; LRO
   gitrepo      the generated git repository and the git daemon that serves it
 """
@@ -45,6 +46,7 @@ REGISTRY: dict[str, str] = {
     "idle": "lab.workloads.idle",
     "iperf3-tcp": "lab.workloads.iperf3",
     "iperf3-udp": "lab.workloads.iperf3",
+    "ping": "lab.workloads.ping",
     "podman-build": "lab.workloads.podman_build",
     "scp": "lab.workloads.scp",
     "sysbench-cpu": "lab.workloads.sysbench",

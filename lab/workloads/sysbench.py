@@ -18,6 +18,7 @@ from lab.workloads.cpu import cpu_samples, run_guest_load
 from lab.workloads.toolkit import (
     RUN_OVERHEAD_S,
     UNMEASURED,
+    GuestCommand,
     Parsed,
     SegmentLog,
     as_list,
@@ -260,7 +261,7 @@ class SysbenchCpu(Workload):
         return samples
 
 
-class SysbenchMemory(Workload):
+class SysbenchMemory(GuestCommand):
     name = "sysbench-memory"
     traits = Traits(
         summary="memory: sysbench's memory test, MiB/s and operations/s",
@@ -288,15 +289,8 @@ class SysbenchMemory(Workload):
         p = self.params(ctx)
         return memory_command(p["block_size"], p["operation"], p["time"], p["threads"])
 
-    def prepare(self, ctx: WorkloadContext) -> None:
-        self.params(ctx)
-        require_tools(ctx, self)
-
-    def run(self, ctx: WorkloadContext, repetition: int) -> RawOutput:
-        p = self.params(ctx)
-        cmd = self.command(ctx)
-        r = run_guest_load(ctx, self.name, cmd, timeout=p["time"] + 120)
-        return r.raw(self.name, cmd, {**p, "vcpus": ctx.vcpus, "repetition": repetition})
+    def timeout(self, params: dict[str, Any]) -> float:
+        return params["time"] + 120
 
     def parse(self, raw: RawOutput) -> list[Sample]:
         try:
