@@ -1,4 +1,4 @@
-"""The bare-metal cell, for real, without VMs. Through the backend (LocalBackend.bare_metal): its
+"""The bare-metal cell, for real, without VMs. Through the backend (LocalBackend.bare_metal.make): its
 namespace, veth on the run's bridge, cgroup, nginx, teardown, and `lab gc`'s side (list_owned,
 remove_owned) after its maker is killed with -9. Through `lab run` of a lab whose only cell is the
 host itself, with real sysbench, iperf3, wrk and nginx: fast, so it also carries the runner's

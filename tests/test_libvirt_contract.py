@@ -371,7 +371,7 @@ def test_wait_ready_fails_fast_when_the_domain_is_not_running(tmp_path, golden_q
 
 
 # --------------------------------------------------------------------------------------------
-# golden images on the host: publish_image and check_image
+# golden images on the host: publishing and check_image
 
 FBSD = ImageRef(name="fbsd14", os="freebsd", path=Path("/nonexistent/fbsd14.raw"), digest="abc123")
 

@@ -1,7 +1,7 @@
 """End to end on the real libvirt QEMU driver (qemu:///system, TCG), in three tests that boot two
 VMs in all (the third is killed mid-boot):
 
-1. the backend object: `publish_image` into a libvirt storage pool, a clone of the published copy,
+1. the backend object: its `publishing` part into a libvirt storage pool, a clone of the published copy,
    boot, every link of the address chain checked against the running guest (static, libvirt's ARP
    source, the host's neighbour table, the console log, the console stream bhyve relies on), SSH,
    destroy, nothing left;
