@@ -102,7 +102,9 @@ def compare_cmd(run_a, run_b, sel_a, sel_b, baseline, margin, everything, config
     sides = []
     for r, sel, opt in ((ra, sel_a, "--a"), (rb, sel_b, "--b")):
         selector = analysis.parse_selector(sel, opt)
-        sd = analysis.side(r.id, r.seed, store.cells(r.id), store.samples(r.id), store.host_facts(r.id), selector)
+        sd = analysis.side(
+            r.id, r.seed, store.cells(r.id), store.samples(r.id), store.host_facts.of_run(r.id), selector
+        )
         if not sd.cells:
             raise UsageError(
                 f"{opt} {','.join(sel)}: no cell of run {r.id} matches"

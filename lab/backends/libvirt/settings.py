@@ -403,12 +403,13 @@ def capabilities(settings: Settings) -> Capabilities:
     snapshots = "save-restore" in caps.features
     return Capabilities(
         description=f"libvirt/{caps.driver}",
-        nic_models=caps.nics,
+        nic_models=frozenset(caps.nics),
         disk_buses=caps.disk_buses,
         clone_kinds=frozenset(CloneKind),
         boot_modes=caps.boot_modes,
         max_vcpus=caps.max_vcpus,
         snapshots=snapshots,
+        host_load=True,  # /proc/stat or kern.cp_time over the backend's link (hostload.LoadMeter)
         missing={}
         if snapshots
         else {

@@ -10,7 +10,8 @@ from pydantic import Field, field_validator
 
 from lab.backends import fields
 from lab.backends.base import Capabilities, HostSettings
-from lab.model import CloneKind, DiskBus, NicModel
+from lab.backends.local.qemu import DISK_DEVICES, NIC_DEVICE
+from lab.model import CloneKind
 
 # Machines of one run up at once ([hosts.local] slots): each is a QEMU with its own tap, address and
 # MAC in the run's namespace; a handful is all a workstation's cores make sense for.
@@ -62,13 +63,14 @@ def capabilities(settings: Settings) -> Capabilities:
     return Capabilities(
         description="local QEMU",
         max_slots=MAX_SLOTS,
-        nic_models=frozenset(NicModel),
-        disk_buses=frozenset(DiskBus),
+        nic_models=frozenset(NIC_DEVICE),
+        disk_buses=frozenset(DISK_DEVICES),
         clone_kinds=frozenset(CloneKind),
         boot_modes=frozenset({"kernel"}),
         max_vcpus=128,
         snapshots=True,  # warm start: lab.backends.local.warm
         bare_metal=True,
+        host_load=True,  # this machine's CPU counters (lab.backends.local.hostload)
         lab_side_link=True,
         # the host is this machine: a run waits for it to be quiet before each measured repetition
         # ([suite] quiet_host defaults to "wait"; lab.backends.local.hostload measures it)

@@ -17,7 +17,7 @@ from lab import paths
 from lab.backends import fields
 from lab.backends.base import Capabilities, HostSettings
 from lab.backends.proxmox.tls import normalise
-from lab.model import CloneKind, DiskBus, NicModel
+from lab.model import CloneKind, DiskBus, NicModel, named_as_lab
 
 PVE_NODE = r"^[a-zA-Z0-9]([a-zA-Z0-9\-]*[a-zA-Z0-9])?$"  # PVE's pve-node format
 
@@ -356,6 +356,8 @@ def pool_problems(addresses: str, **others: str) -> list[tuple[str, object, str]
     ]
 
 
+# The NIC models a clone's net0 can have: PVE's `model` names them as the lab does.
+NET_MODELS = named_as_lab(*NicModel)
 # The config key each disk bus gets on a clone: ide2 holds the cloud-init drive, so IDE is ide0.
 DISK_KEYS = {DiskBus.VIRTIO: "virtio0", DiskBus.SCSI: "scsi0", DiskBus.SATA: "sata0", DiskBus.IDE: "ide0"}
 
@@ -366,7 +368,7 @@ MAX_SLOTS = 16
 def capabilities(settings: Settings) -> Capabilities:
     return Capabilities(
         description="Proxmox VE",
-        nic_models=frozenset(NicModel),
+        nic_models=frozenset(NET_MODELS),
         disk_buses=frozenset(DISK_KEYS),  # the clone's disk is re-attached on the cell's bus
         clone_kinds=frozenset(CloneKind),
         boot_modes=frozenset({"bios", "uefi"}),
@@ -375,5 +377,6 @@ def capabilities(settings: Settings) -> Capabilities:
         # measured VMs at once on a node (`slots`): the cluster makes them (VMIDs, addresses and
         # clone/destroy calls are already shared safely by the lanes of a run)
         max_slots=MAX_SLOTS,
+        host_load=True,  # the node's CPU from the API (host.LoadMeter)
         missing={"snapshots": "a PVE vmstate snapshot cannot be cloned: warm start is not available"},
     )

@@ -17,7 +17,7 @@ from lab.backends.proxmox.settings import (  # one pool syntax for every backend
     check_addresses,
     pool_problems,
 )
-from lab.model import CloneKind, DiskBus, Isolation, NicModel
+from lab.model import CloneKind, DiskBus, Isolation, NicModel, named_as_lab
 
 TIMEOUT_KEYS = Literal["connect", "command", "create", "start", "stop", "delete", "ready", "publish"]
 DEFAULT_TIMEOUTS = {
@@ -35,8 +35,8 @@ DEFAULT_TIMEOUTS = {
 # virtio (viona) and e1000 NICs, virtio/ahci/nvme disks; the KVM brand's QEMU virtio/e1000/rtl8139
 # NICs and virtio/ide/scsi disks (scsi is QEMU's LSI controller).
 NIC_MODELS: dict[str, dict[NicModel, str]] = {
-    "bhyve": {NicModel.VIRTIO: "virtio", NicModel.E1000: "e1000"},
-    "kvm": {NicModel.VIRTIO: "virtio", NicModel.E1000: "e1000", NicModel.RTL8139: "rtl8139"},
+    "bhyve": named_as_lab(NicModel.VIRTIO, NicModel.E1000),
+    "kvm": named_as_lab(NicModel.VIRTIO, NicModel.E1000, NicModel.RTL8139),
 }
 DISK_MODELS: dict[str, dict[DiskBus, str]] = {
     "bhyve": {DiskBus.VIRTIO: "virtio", DiskBus.SATA: "ahci", DiskBus.NVME: "nvme"},

@@ -12,11 +12,11 @@ from pydantic import Field, ValidationError, field_validator
 from lab.backends import fields
 from lab.backends.base import Capabilities, HostSettings
 from lab.backends.libvirt import settings as libvirt_settings
-from lab.model import CloneKind, DiskBus, NicModel
+from lab.model import CloneKind, DiskBus, NicModel, named_as_lab
 
 # What vagrant-libvirt can ask libvirt's QEMU driver for: `nic_model_type` takes any QEMU model,
 # `disk_bus` these four (bus='nvme' is newer than Debian 12's libvirt 9.0).
-LIBVIRT_NICS = frozenset(NicModel)
+LIBVIRT_NICS = named_as_lab(*NicModel)
 LIBVIRT_DISK_BUSES = frozenset({DiskBus.VIRTIO, DiskBus.SCSI, DiskBus.SATA, DiskBus.IDE})
 # Written unescaped into the domain XML and Ruby strings by vagrant-libvirt and our template
 _SAFE_PATH = re.compile(r"^/[A-Za-z0-9_./+-]*$")
@@ -104,7 +104,7 @@ class Settings(HostSettings):
 def capabilities(settings: Settings) -> Capabilities:
     return Capabilities(
         description=f"Vagrant/{settings.provider}",
-        nic_models=LIBVIRT_NICS,
+        nic_models=frozenset(LIBVIRT_NICS),
         disk_buses=LIBVIRT_DISK_BUSES,
         # vagrant-libvirt always makes a qcow2 overlay on the box's volume
         clone_kinds=frozenset({CloneKind.LINKED}),
