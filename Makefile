@@ -117,11 +117,13 @@ test-fast: setup
 # Figures, not pass/fail: the local backend (cold, warm, bare QEMU), then a lab cell on a vagrant
 # host beside a plain `vagrant up` + `vagrant destroy` of the same box (issue 19's 0.33x goal; it
 # starts libvirtd when nothing serves qemu:///system and stops it after, or says in one line why it
-# is skipped), then the scale of lanes: 50 fake hosts × 1,000 cells (wall vs Σ cell time / lanes, CPU, memory).
+# is skipped), then the scale of lanes: 50 fake hosts × 1,000 cells (wall vs Σ cell time / lanes, CPU, memory),
+# then the cells `lab explain` needs against the full factorial for 4 to 8 knobs (simulated, 15 s of CPU).
 bench: images
 	$(VENV)/bin/python -m lab.bench
 	$(VENV)/bin/python -m lab.backends.vagrant.bench
 	$(VENV)/bin/python tests/scalebench.py
+	$(VENV)/bin/python -m lab.explain.bench
 
 # Packer 1.12 and its qemu, proxmox and vagrant plugins, built from source with Go (>= 1.25 on PATH)
 # into $(PACKER_MODERN) (tests/packer_modern.py says how). Not in make test: 15.6 min on the 2 shared

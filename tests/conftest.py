@@ -74,6 +74,7 @@ SECONDS = {
     "test_libvirt_e2e.py": 50,
     "test_smartos_zones.py": 40,
     "test_history_vm.py": 130,  # serial
+    "test_explain_vm.py": 180,  # serial
     "test_package.py": 90,  # not a VM: a wheel, pipx unpacking numpy/scipy/matplotlib, four lab commands
 }
 SECONDS_VM = 60

@@ -223,3 +223,24 @@ def test_the_step_that_carries_the_gap():
     }
     step = effects.step_of(1, parts, total)
     assert step.metric == "clone_seconds_x" and math.isclose(step.share, 59.0 / 60.0)
+
+
+def test_an_interaction_whose_sides_two_runs_measured_is_said_to_be_the_runs_too():
+    """The 2^2 factorial from a parent's two corners: the follow-up run measures the other two cells,
+    so the nic x cc contrast is also the difference between the two runs (a host that got busier
+    reads as an interaction, as the real-VM test saw); the main effects stay balanced across runs."""
+    from lab.explain.explanation import PointInfo, run_aliased
+
+    def pts(where):
+        return [PointInfo(lv, [(run, "c")], 3) for lv, run in where.items()]
+
+    corners = {(0, 0): "parent", (1, 1): "parent", (0, 1): "child", (1, 0): "child"}
+    assert run_aliased(pts(corners), [(0, 1)]) == {(0, 1): (["parent"], ["child"])}
+    for j in range(2):  # each main effect has a point of each run on both sides
+        assert {effects.column(lv, (j,)) for lv, run in corners.items() if run == "parent"} == {-1, 1}
+    one_run = dict.fromkeys(corners, "all")
+    assert run_aliased(pts(one_run), [(0, 1)]) == {}
+    remeasured = pts(corners) + [PointInfo((0, 1), [("parent", "c9")], 3)]  # one side also in the parent
+    assert run_aliased(remeasured, [(0, 1)]) == {}
+    three = {lv: "parent" if lv in ((0, 0, 0), (1, 1, 1)) else "child" for lv in itertools.product((0, 1), repeat=3)}
+    assert run_aliased(pts(three), [(0, 1), (0, 2), (1, 2)]) == {}  # partly, never wholly, the runs

@@ -186,7 +186,7 @@ def test_lab_plan_reports_duplicates(tmp_path):
 
 
 def test_examples_exist():
-    assert {p.stem for p in EXAMPLES} >= {"nic-shootout", "wan-tcp", "lro", "isolation", "smartos-zones"}
+    assert {p.stem for p in EXAMPLES} >= {"nic-shootout", "wan-tcp", "lro", "isolation", "smartos-zones", "explain"}
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
@@ -205,6 +205,8 @@ def test_example_loads_and_plans(path, tmp_path):
         assert min(delays) == 50 and max(delays) == 150 and losses == {0.0, 1.0}
     elif path.stem == "lro":
         assert axes["offloads"] == {"lro=on", "lro=off"}
+    elif path.stem == "explain":  # only the two corners lab explain starts from
+        assert [(str(c.axes()["nic"]), str(c.axes()["cc"])) for c in cells] == [("virtio", "cubic"), ("e1000", "reno")]
     elif path.stem == "isolation":
         assert [(c.id, str(c.isolation), str(c.runtime)) for c in cells] == [
             ("c01", "vm", "podman"),

@@ -362,6 +362,8 @@ def _metric_table(ex: expl.Explanation, a: MetricAnswer) -> None:
                 f" ({expl.ratio_text(x.ratio)} [{fmt(x.ci[0])}–{fmt(x.ci[1])}]): matters",
                 soft_wrap=True,
             )
+            if (x.first, x.second) in ex.run_aliased:
+                say("  " + expl.aliased_text(ex, (x.first, x.second)), soft_wrap=True)
     elif a.interactions:
         say(f"interactions: none of the {len(a.interactions)} pair(s) measured matters")
     else:

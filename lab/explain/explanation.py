@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from lab import hostinfo, stats, verdicts
@@ -28,6 +28,8 @@ class Explanation:
     answers: list[effects.MetricAnswer]
     points: list[PointInfo]
     host_changes: list[Untestable]  # host facts that changed between the parent and the follow-up runs
+    # pair -> the runs that measured each side of its interaction, where no run measured both sides
+    run_aliased: dict[tuple[int, int], tuple[list[str], list[str]]] = field(default_factory=dict)
 
     def knob_name(self, j: int) -> str:
         return self.record.knobs[j].name
@@ -91,7 +93,37 @@ def explain(store: Store, record: rec.Record, *, n_resamples: int = stats.DEFAUL
         if first is not None:
             n = next((len(p.values) for p in rec.points(record, samples, *first) if p.levels == levels), 0)
         infos.append(PointInfo(levels, resolved, n))
-    return Explanation(record, answers, infos, host_changes(store, record))
+    pairs_measured = sorted({(x.first, x.second) for a in answers for x in a.interactions})
+    aliased = run_aliased(infos, pairs_measured)
+    return Explanation(record, answers, infos, host_changes(store, record), aliased)
+
+
+def run_aliased(
+    points: list[PointInfo], pairs: list[tuple[int, int]]
+) -> dict[tuple[int, int], tuple[list[str], list[str]]]:
+    """The interactions a change of the host between runs would read as: those whose two sides
+    (the points where the pair's product is +1, and -1) were measured in runs that share none. The
+    usual case: the 2^2 factorial from a parent run's two corners, the other two cells measured
+    later in the follow-up run (main effects are balanced across the runs; this contrast is the
+    run itself)."""
+    out = {}
+    for pair in pairs:
+        sides: dict[int, set[str]] = {1: set(), -1: set()}
+        for p in points:
+            sides[effects.column(p.levels, pair)].update(run for run, _ in p.sources)
+        if sides[1] and sides[-1] and not sides[1] & sides[-1]:
+            out[pair] = (sorted(sides[1]), sorted(sides[-1]))
+    return out
+
+
+def aliased_text(ex: Explanation, pair: tuple[int, int]) -> str:
+    """ "or a change of the host between run 1234 and run 5678: ..." for an interaction run_aliased names."""
+    plus, minus = ex.run_aliased[pair]
+    return (
+        f"or a change of the host between {'run' if len(plus) == 1 else 'runs'} {', '.join(plus)} and "
+        f"{'run' if len(minus) == 1 else 'runs'} {', '.join(minus)}, which each measured one side of it: the "
+        "design cannot tell the two apart"
+    )
 
 
 def _median(values) -> float | None:
@@ -179,6 +211,11 @@ def document(ex: Explanation) -> dict[str, Any]:
                         "effect_at_b": _finite(x.effect_at_b),
                         "verdict": x.verdict,
                         "q": x.q,
+                        "aliased_with_runs": (
+                            None
+                            if (x.first, x.second) not in ex.run_aliased
+                            else [list(side) for side in ex.run_aliased[(x.first, x.second)]]
+                        ),
                     }
                     for x in a.interactions
                 ],

@@ -52,7 +52,14 @@ def section(store: Store, run: RunRow) -> list[dict[str, Any]]:
                     ),
                     "rows": rows,
                     "interactions": [
-                        f"{expl.interaction_text(ex, x)}: {x.verdict}" for x in a.interactions if x.answer.differs
+                        f"{expl.interaction_text(ex, x)}: {x.verdict}"
+                        + (
+                            f" ({expl.aliased_text(ex, (x.first, x.second))})"
+                            if (x.first, x.second) in ex.run_aliased
+                            else ""
+                        )
+                        for x in a.interactions
+                        if x.answer.differs
                     ],
                     "moved": _moved(ex, a),
                     "step": (
