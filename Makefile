@@ -17,7 +17,7 @@ APT_PACKAGES := qemu-system-x86 qemu-utils mmdebstrap packer e2fsprogs iproute2 
 	dnsmasq-base udhcpc fdisk dosfstools mtools ovmf genisoimage openssh-server vagrant vagrant-libvirt ruby \
 	pipx
 
-.PHONY: setup apt venv images run test test-fast bench chaos lint clean gc doctor packer-modern test-packer-modern
+.PHONY: setup apt venv images run test test-fast bench chaos lint docs clean gc doctor packer-modern test-packer-modern
 
 setup: apt venv
 
@@ -36,7 +36,7 @@ $(VENV)/.installed: pyproject.toml
 	@flock .venv.lock bash -c 'set -e; test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV); \
 		$(VENV)/bin/pip install -q --upgrade pip; \
 		$(VENV)/bin/pip uninstall -q -y lab 2>/dev/null; \
-		$(VENV)/bin/pip install -q -e ".[test,libvirt]"; touch $@'
+		$(VENV)/bin/pip install -q -e ".[test,libvirt,docs]"; touch $@'
 
 venv: apt $(VENV)/.installed
 
@@ -57,7 +57,7 @@ run: images
 # The image build leaves about 40 % of the 2 cores idle (mmdebstrap waits on the network and disk,
 # packer's guest on its provisioning's I/O), so the fast lane (no VM, no image, no root) runs beside
 # it: about 3 min of make test's wall time. The build's output is printed once it ends.
-FAST := not vm and not image and not root and not serial and not packer_modern
+FAST := not vm and not image and not root and not serial and not packer_modern and not browser
 test: lint
 	@set -e; log=$$(mktemp); trap 'rm -f "$$log"' EXIT; \
 	$(MAKE) --no-print-directory images >"$$log" 2>&1 & build=$$!; \
@@ -65,25 +65,30 @@ test: lint
 	image=0; wait $$build || image=$$?; cat "$$log"; \
 	if [ $$image != 0 ]; then echo "make images failed (exit $$image)"; exit $$image; fi; \
 	exit $$fast
-	$(PYTEST) -n 2 --dist loadgroup --no-loadscope-reorder -q -rsR --durations=25 -m '(vm or image or root) and not serial and not packer_modern'
+	$(PYTEST) -n 2 --dist loadgroup --no-loadscope-reorder -q -rsR --durations=25 -m '(vm or image or root or browser) and not serial and not packer_modern'
 	$(PYTEST) -n 0 -q -rsR --durations=10 -m serial
 
 # Static checks; no VM, no image, no root: about 9 s with cold caches, 3 s warm, on 2 cores.
 # Versions: ruff, mypy (and python-hcl2 for the plugins test) are pinned in pyproject's `test`
 # extra; shellcheck, packer (Debian's 1.6.6) and xmllint come from apt.
-#   ruff          lint (rules in pyproject [tool.ruff]) and format --check, over lab/ and tests/
-#   mypy          lab/, default settings (pyproject [tool.mypy])
+#   ruff          lint (rules in pyproject [tool.ruff]) and format --check, over lab/, tests/ and tools/
+#   mypy          lab/ and tools/, default settings (pyproject [tool.mypy])
 #   shellcheck    every tracked file with a sh/bash shebang (symbolic links left out: lab/templates and
 #                 lab/packer are the top-level directories), and the shell answer files as rendered
 #   packer        fmt -check on every template; validate -syntax-only on each build template
 #                 (plugins.pkr.hcl holds only `packer { required_plugins }`: Packer 1.6.6 cannot
 #                 parse that block; tests/test_packer_plugins.py checks it instead)
 #   xmllint       the libvirt domain templates as rendered, against libvirt's RNG schema if installed
+#   mkdocs        the docs site built with --strict (a broken link or anchor, a page outside the nav,
+#                 fails), its reference generated from the code first (tools/docs_reference.py)
 DOMAIN_RNG := /usr/share/libvirt/schemas/domain.rng
+# (not --quiet: mkdocs 1.6 then stops counting warnings, and --strict passes a broken link;
+# NO_MKDOCS_2_WARNING: Material's banner about its successor, printed on every build)
+MKDOCS := NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs
 
 lint: venv
-	$(VENV)/bin/ruff check lab tests
-	$(VENV)/bin/ruff format --check lab tests
+	$(VENV)/bin/ruff check lab tests tools
+	$(VENV)/bin/ruff format --check lab tests tools
 	$(VENV)/bin/mypy
 	git ls-files -s | awk '$$1 != "120000" { print $$4 }' | grep -v '\.j2$$' | xargs awk 'FNR == 1 && /^#!.*[\/ ](ba|da)?sh( |$$)/ { print FILENAME } { nextfile }' \
 		| xargs shellcheck
@@ -97,6 +102,13 @@ lint: venv
 	else xmllint --noout "$$out"/domain-*.xml; echo "xmllint: no $(DOMAIN_RNG): well-formedness only"; fi; \
 	shellcheck "$$out"/answers/*/install.sh; \
 	shellcheck -s sh -e SC2034 "$$out"/answers/freebsd14/installerconfig  # bsdinstall reads the preamble's variables
+	@set -eo pipefail; out=$$(mktemp -d); trap 'rm -rf "$$out"' EXIT; \
+	$(MKDOCS) build --strict --site-dir "$$out" 2>&1 | { grep -v '^INFO' || true; }; echo "mkdocs: site built (strict)"
+
+# The docs site into site/ (open site/index.html), its reference generated from the code;
+# `.venv/bin/mkdocs serve` serves it while you edit.
+docs: venv
+	$(MKDOCS) build --strict
 
 # The fast lane (pyproject's addopts): no VMs, no image, no root; `pytest` alone runs the same.
 test-fast: setup

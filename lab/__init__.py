@@ -20,9 +20,9 @@ PROJECT_ROOT = PACKAGE_DIR.parent
 IN_CHECKOUT = (PROJECT_ROOT / "pyproject.toml").is_file() and (PROJECT_ROOT / "images" / "README.md").is_file()
 
 # How a user gets the golden image and the system packages: the Makefile in a checkout (it installs
-# what is missing first), else the command and the README's list.
+# what is missing first), else the command and the docs' list (docs/dependencies.md).
 BUILD_IMAGE = "make images" if IN_CHECKOUT else "lab images build debian12"
-SETUP = "make setup" if IN_CHECKOUT else "install the system packages README.md lists (Dependencies)"
+SETUP = "make setup" if IN_CHECKOUT else "install the system packages the docs list (docs/dependencies.md)"
 
 IMAGES_ENV = "LAB_IMAGES_DIR"
 BUILD_ENV = "LAB_BUILD_DIR"

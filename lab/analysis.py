@@ -27,7 +27,7 @@ from typing import Any
 from lab import compare as compare_mod, hostinfo, results, stats, verdicts
 from lab.axes import AXES, AXES_TABLE, axis, moot
 from lab.errors import UsageError
-from lab.plan import BARE_METAL, TWIN_SUFFIX
+from lab.model import BARE_METAL, TWIN_SUFFIX
 from lab.store import CellRow, SampleRow
 from lab.workloads import load_all
 

@@ -41,6 +41,7 @@ class Axis:
     machine: bool = False
     in_spec: bool = False  # a VmSpec field of the same name (the backend applies it)
     bare_metal: str = ""  # the bare-metal cell's text in its `lab plan` column
+    meaning: str = ""  # one line for the docs' reference (tools/docs_reference.py)
 
     def plain(self, value: Any) -> Any:
         """The value as it is stored and compared (an enum's string)."""
@@ -56,9 +57,26 @@ class Axis:
 
 
 AXES_TABLE: tuple[Axis, ...] = (
-    Axis("host", str, "local", "host", machine=True),
-    Axis("image", str, "debian12", "image", machine=True, bare_metal="the host itself (bare metal: the baseline)"),
-    Axis("nic", NicModel, NicModel.VIRTIO, "nic", machine=True, in_spec=True, bare_metal="veth"),
+    Axis("host", str, "local", "host", machine=True, meaning="the [hosts.NAME] tables the cells run on"),
+    Axis(
+        "image",
+        str,
+        "debian12",
+        "image",
+        machine=True,
+        bare_metal="the host itself (bare metal: the baseline)",
+        meaning="golden images (`lab images ls`): debian12, alpine3, freebsd14, netbsd10, openbsd7",
+    ),
+    Axis(
+        "nic",
+        NicModel,
+        NicModel.VIRTIO,
+        "nic",
+        machine=True,
+        in_spec=True,
+        bare_metal="veth",
+        meaning="the emulated NIC model (what the backend can emulate)",
+    ),
     Axis(
         "vcpus",
         Annotated[int, Field(ge=1, le=MAX_VCPUS)],
@@ -68,6 +86,7 @@ AXES_TABLE: tuple[Axis, ...] = (
         machine=True,
         in_spec=True,
         bare_metal="all",
+        meaning="virtual CPUs of the measured VM",
     ),
     Axis(
         "memory_mib",
@@ -78,24 +97,83 @@ AXES_TABLE: tuple[Axis, ...] = (
         cell_text="{} MiB",
         machine=True,
         in_spec=True,
+        meaning="memory of the measured VM, MiB",
     ),
-    Axis("disk_bus", DiskBus, DiskBus.VIRTIO, "disk", machine=True, in_spec=True),
-    Axis("clone", CloneKind, CloneKind.LINKED, "clone", machine=True, in_spec=True),
-    Axis("tuning", str, "default", "tuning", bare_metal="as is"),  # templates/sysctl/<os>/<profile>.j2
-    Axis("cc", str, "default", "cc", optional=True),  # congestion control; default: the OS's (or the profile's)
-    Axis("offloads", str, "default", "offloads", optional=True),  # "default" or "lro=off,tso=on,gro=off"
-    Axis("wan", str, "none", "wan", optional=True),  # "none" or a [wan.NAME] profile
+    Axis("disk_bus", DiskBus, DiskBus.VIRTIO, "disk", machine=True, in_spec=True, meaning="the disk's bus"),
+    Axis(
+        "clone",
+        CloneKind,
+        CloneKind.LINKED,
+        "clone",
+        machine=True,
+        in_spec=True,
+        meaning="linked (qcow2 overlay / PVE linked clone / zfs clone) or full",
+    ),
+    Axis(
+        "tuning",
+        str,
+        "default",
+        "tuning",
+        bare_metal="as is",
+        meaning='sysctl profiles, templates/sysctl/<os>/<profile>.j2; "default" changes nothing',
+    ),
+    Axis(
+        "cc",
+        str,
+        "default",
+        "cc",
+        optional=True,
+        meaning="TCP congestion control: default (the OS's, or the profile's), cubic, bbr, ...",
+    ),
+    Axis(
+        "offloads",
+        str,
+        "default",
+        "offloads",
+        optional=True,
+        meaning='NIC offloads: "default" (as the NIC comes) or e.g. "lro=off,tso=on,gro=off"',
+    ),
+    Axis("wan", str, "none", "wan", optional=True, meaning='"none" or a [wan.NAME] profile (netem)'),
     # cold: boot; warm: restore a post-boot memory snapshot of the same machine shape (the backend's
     # clone/start/wait_ready do it; Capabilities.snapshots says which hosts can)
-    Axis("start", Literal["cold", "warm"], "cold", "start", optional=True, machine=True, in_spec=True),
+    Axis(
+        "start",
+        Literal["cold", "warm"],
+        "cold",
+        "start",
+        optional=True,
+        machine=True,
+        in_spec=True,
+        meaning="cold (boot), or warm: restore a post-boot memory snapshot of the same machine shape",
+    ),
     # Where the suite runs on the machine (lab.isolation): the machine itself, or a container on it.
     # A machine axis: a container cell is a different place to measure, never a twin of its VM cell.
     # Zones are the host's to make (VmSpec.isolation, in_spec); containers are made in the guest.
-    Axis("isolation", Isolation, Isolation.VM, "isolation", optional=True, machine=True, in_spec=True),
+    Axis(
+        "isolation",
+        Isolation,
+        Isolation.VM,
+        "isolation",
+        optional=True,
+        machine=True,
+        in_spec=True,
+        meaning="where the suite runs: the VM itself, a container in it, or a SmartOS zone",
+    ),
     # The container runtime of a container cell (lab.isolation.RUNTIMES); other cells have none, so
     # lab.plan.cells keeps one of them per runtime list, with the default (see ONLY_IN).
-    Axis("runtime", Runtime, Runtime.PODMAN, "runtime", optional=True, machine=True),
+    Axis(
+        "runtime",
+        Runtime,
+        Runtime.PODMAN,
+        "runtime",
+        optional=True,
+        machine=True,
+        meaning="the container runtime of a container cell",
+    ),
 )
+
+# [matrix] exclude, for the docs' reference (lab.plan.cells applies it)
+EXCLUDE_MEANING = "cells to leave out: each table names axis values, and a cell that has all of them is skipped"
 
 # Axes that mean something only for some cells: axis -> (the axis it depends on, the value that gives
 # it a meaning). A cell without that value has the default (lab.plan.cells).

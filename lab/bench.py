@@ -252,7 +252,7 @@ def main() -> None:
     ap.add_argument("--repetitions", type=int, default=3)
     ap.add_argument("--nic", action="append", choices=[n.value for n in NicModel])
     args = ap.parse_args()
-    nics = [NicModel(n) for n in (args.nic or ["virtio", "e1000"])]
+    nics = [NicModel(n) for n in (args.nic or [NicModel.VIRTIO, NicModel.E1000])]
     print(
         f"lab bench: {args.repetitions} repetitions × {', '.join(n.value for n in nics)} × cold, warm, bare "
         f"(2 vCPUs, 1 GiB); load average before: {load_average()}; {os.cpu_count()} CPUs",

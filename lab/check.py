@@ -16,12 +16,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from lab import backends, images, isolation, names, osfacts, plan, tuning, wan
+from lab import backends, images, isolation, names, osfacts, plan, tuning, wan, workloads
 from lab.axes import AXES, BY_NAME, KNOBS
 from lab.errors import ConfigError, HostUnreachable, SettingError, UnreachableError, UsageError
 from lab.labconfig import KNOWN_IMAGES, LabConfig
 from lab.model import ImageRef, Isolation, Runtime
-from lab.workloads import Workload, WorkloadContext, load_all
+from lab.workloads import WorkloadContext
 
 
 def validate(cfg: LabConfig) -> None:
@@ -42,10 +42,9 @@ def validate(cfg: LabConfig) -> None:
     check_boot(cfg, cells)
     check_wan_places(cfg, cells)
     check_suite(cfg, cells)
-    known = load_all()
-    check_workloads(cfg, known)
-    check_workload_values(cfg, cells, known)
-    check_isolation(cfg, cells, known)
+    check_workloads(cfg)
+    check_workload_values(cfg, cells)
+    check_isolation(cfg, cells)
 
 
 def _index(cfg: LabConfig, axis: str, value: Any) -> str:
@@ -379,8 +378,8 @@ def check_suite(cfg: LabConfig, cells: list[plan.Cell]) -> None:
         )
 
 
-def check_workloads(cfg: LabConfig, known: dict[str, Workload]) -> None:
-    src = cfg.source
+def check_workloads(cfg: LabConfig) -> None:
+    src, known = cfg.source, workloads.names()
     if not cfg.suite.workloads:
         raise ConfigError(
             src, "suite.workloads", [], f"must list at least one workload; known: {', '.join(sorted(known))}"
@@ -393,7 +392,7 @@ def check_workloads(cfg: LabConfig, known: dict[str, Workload]) -> None:
     for host in cfg.matrix.host:  # a client VM has none of this machine's files
         if cfg.hosts[host].client != "local":
             for wl in cfg.suite.workloads:
-                if getattr(known[wl], "client_files", False):
+                if workloads.get(wl).traits.client_files:
                     raise ConfigError(
                         src,
                         f"hosts.{host}.client",
@@ -404,37 +403,37 @@ def check_workloads(cfg: LabConfig, known: dict[str, Workload]) -> None:
     for wl, params in cfg.suite.params.items():
         if wl not in known:
             raise ConfigError(src, f"suite.params.{wl}", params, f"unknown workload; known: {', '.join(sorted(known))}")
-        defaults = known[wl].defaults
+        declared = {p.name: p for p in workloads.get(wl).traits.params}
         for key, val in params.items():
-            if key not in defaults:
+            if key not in declared:
                 raise ConfigError(
                     src,
                     f"suite.params.{wl}.{key}",
                     val,
-                    f"unknown parameter; {wl} takes: {', '.join(sorted(defaults)) or 'none'}",
+                    f"unknown parameter; {wl} takes: {', '.join(sorted(declared)) or 'none'}",
                 )
-            want = type(defaults[key])
-            if defaults[key] is not None and not isinstance(val, want) and not (want is float and isinstance(val, int)):
+            want = declared[key].type
+            if not isinstance(val, want) and not (want is float and isinstance(val, int)):
                 raise ConfigError(src, f"suite.params.{wl}.{key}", val, f"must be {want.__name__}")
 
 
-def check_workload_values(cfg: LabConfig, cells: list[plan.Cell], known: dict[str, Workload]) -> None:
+def check_workload_values(cfg: LabConfig, cells: list[plan.Cell]) -> None:
     """Each workload's own value checks (ranges, choices, what the guest OS allows), for every
     guest OS and vCPU count the matrix has, so a bad value stops here, before anything is made."""
     src = cfg.source
     combos = sorted({(KNOWN_IMAGES[c.image], c.vcpus) for c in cells})
     for wl in dict.fromkeys([*cfg.suite.workloads, *cfg.suite.params]):
-        given = cfg.suite.params.get(wl, {})
+        given, workload = cfg.suite.params.get(wl, {}), workloads.get(wl)
         for os_name, vcpus in combos:
             ctx = WorkloadContext(
                 guest=None,  # type: ignore[arg-type]  # checking values only: no guest exists yet
                 client=None,  # type: ignore[arg-type]
                 os=os_name,
                 vcpus=vcpus,
-                params={**known[wl].defaults, **given},
+                params={**workload.defaults, **given},
             )
             try:
-                known[wl].params(ctx)
+                workload.params(ctx)
             except UsageError as exc:
                 problem = exc.message.removeprefix(f"{wl}: ")
                 key = problem.split(" ", 1)[0]
@@ -475,10 +474,16 @@ def check_isolation_kinds(cfg: LabConfig, cells: list[plan.Cell]) -> None:
             )
 
 
-def check_isolation(cfg: LabConfig, cells: list[plan.Cell], known: dict[str, Workload]) -> None:
+def own_containers(cfg: LabConfig, name: str) -> str:
+    """Why workload `name`, with this lab's parameters, starts containers of its own ("" if not)."""
+    workload = workloads.get(name)
+    return workload.own_containers({**workload.defaults, **cfg.suite.params.get(name, {})})
+
+
+def check_isolation(cfg: LabConfig, cells: list[plan.Cell]) -> None:
     """Workloads that can run inside the cells' zones and containers (the bare-metal host's too)."""
     src = cfg.source
-    check_zones(cfg, [c for c in cells if c.isolation == Isolation.ZONE], known)
+    check_zones(cfg, [c for c in cells if c.isolation == Isolation.ZONE])
     boxed = [c for c in cells if c.isolation == Isolation.CONTAINER]
     if not boxed and not (cfg.suite.bare_metal and Isolation.CONTAINER in cfg.matrix.isolation):
         return
@@ -488,13 +493,12 @@ def check_isolation(cfg: LabConfig, cells: list[plan.Cell], known: dict[str, Wor
         for u in plan.units(cfg)
     )
     for i, wl in enumerate(cfg.suite.workloads):
-        params = {**known[wl].defaults, **cfg.suite.params.get(wl, {})}
-        why = isolation.workload_problem(wl, params, runtimes=runtimes, bare_metal=bare)
+        why = isolation.workload_problem(own_containers(cfg, wl), runtimes=runtimes, bare_metal=bare)
         if why:
             raise ConfigError(src, f"suite.workloads[{i}]", wl, f"cannot run inside a container cell: {why}")
 
 
-def check_zones(cfg: LabConfig, zones: list[plan.Cell], known: dict[str, Workload]) -> None:
+def check_zones(cfg: LabConfig, zones: list[plan.Cell]) -> None:
     """A zone shares its host's kernel: it has no tunables of its own (the tune stage's knobs would
     be the host's), and an lx zone runs no containers of its own."""
     src = cfg.source
@@ -511,7 +515,7 @@ def check_zones(cfg: LabConfig, zones: list[plan.Cell], known: dict[str, Workloa
                 )
     if zones:
         for i, wl in enumerate(cfg.suite.workloads):
-            if isolation.makes_containers(wl, {**known[wl].defaults, **cfg.suite.params.get(wl, {})}):
+            if own_containers(cfg, wl):
                 raise ConfigError(
                     src,
                     f"suite.workloads[{i}]",

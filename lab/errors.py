@@ -97,3 +97,8 @@ class IncompleteListing(LabError):
     def __init__(self, message: str, found: list, unchecked: list[str], hint: str | None = None):
         super().__init__(message, hint)
         self.found, self.unchecked = list(found), list(unchecked)
+
+
+class Interrupted(BaseException):
+    """Raised from the SIGTERM/SIGINT handler so every `finally` runs (BaseException: no
+    `except Exception` on the way may swallow it)."""

@@ -6,8 +6,8 @@ veth, cgroup), verify, teardown), then per workload its prepare and its warm-ups
 its boots, its measured repetitions (adaptive repetition: the minimum, `repetitions`), each after
 its wait for a quiet host where the host is waited for ([suite] quiet_host, lab.hostload).
 
-Each of those figures is the median of what the results store holds (Store.stage_times for the
-stages and prepares, Store.executions for warm-ups and repetitions) for cells of the same host
+Each of those figures is the median of what the results store holds (Store.timings.stage_times for the
+stages and prepares, Store.timings.executions for warm-ups and repetitions) for cells of the same host
 and image (the bare-metal cell: the same host), over the last RECENT_RUNS runs that measured
 such a cell, on the accelerator the newest of them recorded (TCG and KVM differ by 10x, and
 `lab plan` does not probe), and for a workload only from runs with the same parameters. A figure
@@ -29,8 +29,8 @@ measurements on this machine, which take turns on it.
 The defaults (a first run): a VM's fixed stages take STAGE_DEFAULTS_S (21 s in all: a TCG boot
 of the golden Debian image to SSH, plus clone, verify, tune and teardown), a workload's prepare
 PREPARE_DEFAULT_S, a repetition the workload's own `estimate_seconds(params)` (iperf3, sysbench
-and wrk: one run per direction, thread count or connection count) or its "time" /
-"duration" parameter plus REP_OVERHEAD_S, a wait for a quiet host [suite] quiet_seconds (its
+and wrk: one run per direction, thread count or connection count; by default its "time" /
+"duration" parameter plus lab.workloads.REP_OVERHEAD_S), a wait for a quiet host [suite] quiet_seconds (its
 least), and a host's run overhead RUN_OVERHEAD_DEFAULT_S.
 They are the medians of the stages timed in a real run of the default lab on a 2-core TCG machine
 (run fafa92e3: boot 13.3 s, ssh 1.5 s, tune 1.1 s, verify 0.6 s, a prepare 0.12-0.16 s), rounded
@@ -45,10 +45,9 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from lab import backends, clients, plan
+from lab import backends, clients, plan, workloads
 from lab.labconfig import LabConfig
 from lab.store import Store
-from lab.workloads import load_all
 
 RECENT_RUNS = 5  # the host changes (kernel, load, a KVM that now works): recent runs speak for it
 INSIDE_WORKLOADS = ("prepare", "quiet")  # timed within the workloads stage, per workload
@@ -58,7 +57,6 @@ BARE_METAL_DEFAULTS_S = {"clone": 1.0, "verify": 1.0, "teardown": 1.0}
 PREPARE_DEFAULT_S = 1.0
 RUN_OVERHEAD_DEFAULT_S = 5.0
 CLIENT_VM_STAGES = ("clone", "boot", "ssh", "teardown")  # a client VM's (lab.runner.clientvm), as a cell's
-REP_OVERHEAD_S = 3.0  # SSH, parsing and storing around a workload's own length
 
 
 @dataclass(frozen=True)
@@ -120,9 +118,8 @@ class Timings:
 
 
 def default_repetition(name: str, params: dict[str, Any]) -> float:
-    """One repetition of a workload by its own account (the Workload seam's optional estimate)."""
-    est = getattr(load_all()[name], "estimate_seconds", None)  # optional on the Workload seam
-    return est(params) if est else float(params.get("time", params.get("duration", 10))) + REP_OVERHEAD_S
+    """One repetition of a workload by its own account (Workload.estimate_seconds)."""
+    return workloads.get(name).estimate_seconds(params)
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -148,7 +145,7 @@ def measured(store: Store, host: str, image: str | None, params: dict[str, dict[
         ]
         if not cells:
             continue
-        times = store.stage_times(run.id)
+        times = store.timings.stage_times(run.id)
         ids = {c.cell_id for c in cells}
         if not any(t.cell_id in ids for t in times):
             continue  # measured nothing (failed at once, or written before stage times were stored)
@@ -178,7 +175,7 @@ def measured(store: Store, host: str, image: str | None, params: dict[str, dict[
             else:
                 stages.setdefault(t.stage, []).append(t.seconds)
             used = True
-        for e in store.executions(run.id):
+        for e in store.timings.executions(run.id):
             if e.cell_id in ids and e.outcome == "ok" and e.finished_at is not None and e.workload in same_params:
                 (warm if e.repetition < 0 else reps).setdefault(e.workload, []).append(e.finished_at - e.started_at)
         if used:
@@ -198,7 +195,7 @@ def run_overhead(store: Store, host: str) -> tuple[float | None, list[str]]:
         if run.status != "done" or run.finished_at is None:
             continue
         cells = store.cells(run.id)
-        times = store.stage_times(run.id)
+        times = store.timings.stage_times(run.id)
         if not times or any(c.axes.get("host") != host or c.status not in ("done", "n/a", "duplicate") for c in cells):
             continue  # another host's share cannot be told apart; a failed stage went unrecorded
         in_cells = sum(t.seconds for t in times if t.stage not in INSIDE_WORKLOADS)
@@ -258,7 +255,7 @@ def estimate(
             prepare = pick(got.prepare, name, PREPARE_DEFAULT_S, f"{name} prepare")
             per_boot += prepare + suite.warmup * warm
             measured_total += suite.repetitions * (quiet + rep)
-            if getattr(load_all()[name], "network", False):
+            if workloads.get(name).traits.network:
                 key = clients.turn_key(u.host, cfg.hosts[u.host].client)
                 turns[key] = turns.get(key, 0.0) + boots * (prepare + suite.warmup * warm) + suite.repetitions * rep
         lanes[u.host] = lanes.get(u.host, 0.0) + boots * per_boot + measured_total

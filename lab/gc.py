@@ -197,8 +197,10 @@ def _stale_warm(backends: dict, report: GcReport, dry_run: bool) -> None:
     """Remove the warm snapshots whose image build (digest or sha256 in Owned.detail) is gone."""
     current = {v for ref in images.list_images() for v in (ref.digest, ref.sha256) if v}
     for host, backend in sorted(backends.items()):
+        if backend.warm is None:
+            continue  # it keeps none
         try:
-            snaps = backend.warm_snapshots()
+            snaps = backend.warm.snapshots()
         except IncompleteListing as exc:
             snaps = exc.found
             report.errors += [f"{host}: not checked: {part}" for part in exc.unchecked]
@@ -213,7 +215,7 @@ def _stale_warm(backends: dict, report: GcReport, dry_run: bool) -> None:
                 report.lines.append(f"would remove {host} warm {snap.name} (its image build is gone)")
                 continue
             try:
-                backend.remove_warm(snap)
+                backend.warm.remove(snap)
                 report.removed += 1
                 report.lines.append(f"removed {host} warm {snap.name} (its image build is gone)")
             except LabError as exc:

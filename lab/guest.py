@@ -1,4 +1,9 @@
-"""Guest: run commands on a machine over OpenSSH, with one multiplexed connection per guest.
+"""The Guest seam: where a cell's commands run. `Machine` is what the stages and the workloads
+use; three kinds implement it:
+
+- Guest: a VM (or a client machine) over OpenSSH, with one multiplexed connection per guest;
+- HostGuest: this machine, for the bare-metal cell (in the cell's namespace and cgroup);
+- lab.isolation.ContainerGuest: a container on either of those, every command entering it.
 
 OpenSSH (not a Python SSH library) because ControlMaster makes each command cost ~0.1 s instead
 of a 1.5 s handshake under TCG, and ProxyJump/ssh_config work exactly as they do for the user.
@@ -10,14 +15,55 @@ from __future__ import annotations
 
 import shlex
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from lab import proc
 from lab.errors import CommandError, LabError, TimeoutError_
 from lab.wait import wait_until
 
 
-class Guest:
+@dataclass(frozen=True)
+class SshLogin:
+    """How a connection of a workload's own (scp's) logs in to a machine's sshd."""
+
+    address: str
+    port: int
+    user: str = "root"
+    key: Path | None = None  # None: ssh's own choice (agent, ~/.ssh/id_*)
+    # the name the sshd's host keys are under in the known_hosts file, when it is not the one the file
+    # names (a container's sshd: the machine's keys, on another port); None: the address's
+    host_key_alias: str | None = None
+
+
+class Machine(Protocol):
+    """The Guest seam: a machine the cell's commands run on, whatever reaches it."""
+
+    address: str  # where the client side reaches it
+    os: str  # its lab.osfacts key
+    known_hosts: Path | None  # its sshd's host keys as a known_hosts file (None: not checked, or no SSH)
+
+    def run(self, command: str, *, timeout: float = 120.0, check: bool = True, input: str | None = None) -> proc.Result:
+        """Run a shell command line on the machine; CommandError on a non-zero status if `check`."""
+        ...
+
+    def ssh_login(self) -> SshLogin | None:
+        """How a workload's own SSH connection reaches this machine's sshd; None: it is not reached by SSH."""
+        ...
+
+    def close(self) -> None: ...
+
+    def put_text(self, text: str, remote: str, timeout: float = 60.0) -> None:
+        self.run(f"cat > {shlex.quote(remote)}", input=text, timeout=timeout)
+
+    def get_text(self, remote: str, timeout: float = 60.0) -> str:
+        return self.run(f"cat {shlex.quote(remote)}", timeout=timeout).stdout
+
+
+class Guest(Machine):
+    """A machine over OpenSSH (a cell's VM, a client VM or machine)."""
+
     def __init__(
         self,
         address: str,
@@ -142,11 +188,8 @@ class Guest:
     def put(self, local: Path, remote: str, timeout: float = 120.0) -> None:
         self.run(f"cat > {shlex.quote(remote)}", input=Path(local).read_text(), timeout=timeout)
 
-    def put_text(self, text: str, remote: str, timeout: float = 60.0) -> None:
-        self.run(f"cat > {shlex.quote(remote)}", input=text, timeout=timeout)
-
-    def get_text(self, remote: str, timeout: float = 60.0) -> str:
-        return self.run(f"cat {shlex.quote(remote)}", timeout=timeout).stdout
+    def ssh_login(self) -> SshLogin:
+        return SshLogin(self.address, self.port, self.user, self.key)
 
     def close(self) -> None:
         if self.control_path.exists():
@@ -167,8 +210,8 @@ class Guest:
         self.close()
 
 
-class HostGuest:
-    """Guest-like: runs command lines on this machine, for the bare-metal cell (lab.backends.local.baremetal).
+class HostGuest(Machine):
+    """Runs command lines on this machine, for the bare-metal cell (lab.backends.local.baremetal).
 
     Commands run in the cell's network namespace through `nsenter --net` (not `ip netns exec`,
     which remounts /sys and so hides the cgroup file system) and, when `cgroup_procs` is given,
@@ -206,11 +249,8 @@ class HostGuest:
         )
         return _checked(res, ["sh", "-c", command], command, f"{self.address} (bare metal)", check)
 
-    def put_text(self, text: str, remote: str, timeout: float = 60.0) -> None:
-        self.run(f"cat > {shlex.quote(remote)}", input=text, timeout=timeout)
-
-    def get_text(self, remote: str, timeout: float = 60.0) -> str:
-        return self.run(f"cat {shlex.quote(remote)}", timeout=timeout).stdout
+    def ssh_login(self) -> None:
+        return None  # this machine: its commands run here directly, no sshd is its load
 
     def close(self) -> None:
         pass

@@ -26,6 +26,7 @@ from typing import Any
 
 from lab import analysis, changepoints, hostinfo, results, stats
 from lab.store import CellRow, RunRow, SampleRow, Store
+from lab.workloads import load_all
 
 # Host facts that are not the host's: how the backend's last probe went (lab.hostinfo.fingerprint
 # leaves it out too; the accelerator the cell really ran on is compared instead).
@@ -34,9 +35,12 @@ RUN_FACTS = ("accel", "lab version", "foreign load")  # compared too, but the ru
 
 
 def primary(workload: str, metric: str, higher_is_better: bool | None) -> bool:
-    """The metrics `--fail-on-regression` watches. The one place that says so: until workloads
-    declare their primary metrics (issue 34), the throughput-like ones (higher is better, not a CPU
-    figure), the metrics adaptive repetition steers by (lab.schedule)."""
+    """The metrics `--fail-on-regression` watches: the workload's declared headline metrics
+    (lab.workloads.PrimaryMetrics, those a comparison answers). A workload this lab does not know
+    (a stored run of one since removed): the throughput-like ones (higher is better, not a CPU figure)."""
+    known = load_all().get(workload)
+    if known is not None:
+        return known.primary_metrics.pattern_of(metric) is not None
     return higher_is_better is True and not metric.startswith("cpu_")
 
 
@@ -129,7 +133,7 @@ def histories(
         ]
         if not cells:
             continue
-        hosts = store.host_facts(run.id)
+        hosts = store.host_facts.of_run(run.id)
         samples = [s for s in store.samples(run.id) if workload is None or s.workload == workload]
         for cell in cells:
             mine = [s for s in samples if s.cell_id == cell.cell_id]
@@ -145,7 +149,7 @@ def _machines(store: Store, runs: list[RunRow]) -> dict[tuple[str, str], str]:
     belongs to the host's one machine, when the store knows exactly one of that name."""
     seen: dict[tuple[str, str], str] = {}
     for run in runs:
-        for host, facts in store.host_facts(run.id).items():
+        for host, facts in store.host_facts.of_run(run.id).items():
             seen[(run.id, host)] = str(facts.get("machine_id") or "")
     known: dict[str, set[str]] = {}
     for (_, host), machine in seen.items():

@@ -2,7 +2,7 @@
 
 A guest's numbers are only as good as the host under it: an unrelated compile on the same two
 cores made one run's http 2.9x slower than the next, and nothing in the results said so. So
-every measured repetition runs inside a *load window* of its host (Backend.host_load): the window
+every measured repetition runs inside a *load window* of its host (Backend.load_meter): the window
 is started before the load and stopped after it, and says how many cores' worth of CPU the host
 spent on anything that is not the lab (the cell's VM, its load generator, the lab itself) and how
 much CPU steal it saw, where the host reports steal. Figures are "% of one core": 100 is one core

@@ -11,11 +11,11 @@
 - "jail" (FreeBSD guests and hosts): no runtime makes them here (no FreeBSD machine exists), so
   lab.check refuses them at plan time.
 
-scp's load, the machine's sshd, is an sshd the container runs (SERVES_SSH). Workloads that start
-containers themselves (podman-build, container-start, git-clone's container places) run inside a
-podman container cell with nested podman (run_argv's `nested`, made only when
-the cell's suite has one): the container is privileged, has a store of its own, and sees the
-machine's images read-only.
+scp's load, the machine's sshd, is an sshd the container runs (a workload's traits: serves_ssh).
+Workloads that start containers themselves (their traits: makes_containers, container_places:
+podman-build, container-start, git-clone's container places) run inside a podman container cell
+with nested podman (run_argv's `nested`, made only when the cell's suite has one): the container is
+privileged, has a store of its own, and sees the machine's images read-only.
 
 The container is the lab's base image (localhost/lab-base: imported into root's podman store when
 the golden image is built, into docker's from BASE_TARBALL when a docker cell first needs it;
@@ -46,6 +46,7 @@ from typing import Any
 
 from lab import osfacts, proc, tuning
 from lab.errors import LabError
+from lab.guest import Machine, SshLogin
 from lab.model import MADE_BY_HOST, Isolation, Runtime
 
 BASE_IMAGE = "localhost/lab-base:latest"  # lab.images.DEBIAN12.container.name (a test keeps them equal)
@@ -70,20 +71,19 @@ NOT_HERE = {
     "cannot be built on this machine, and no backend makes FreeBSD hosts' jails yet)",
 }
 
-# Workloads whose load is the machine's sshd (their own SSH connection from the client side): inside a
-# container cell the container runs an sshd of its own, the machine's binary, configuration, host
-# keys and authorized keys (bound read-only), on SSHD_PORT (the machine's sshd keeps port 22 of a
-# host-network container's stack); the client checks the machine's host keys under its name.
-SERVES_SSH = ("scp",)
+# For workloads whose load is the machine's sshd (their own SSH connection from the client side:
+# traits serves_ssh): inside a container cell the container runs an sshd of its own, the machine's
+# binary, configuration, host keys and authorized keys (bound read-only), on SSHD_PORT (the machine's
+# sshd keeps port 22 of a host-network container's stack); the client checks the machine's host keys
+# under its name.
 SSHD_PORT = 2222
 SSHD_BINDS = ("/etc/ssh", "/root/.ssh")
 SSHD_START = "mkdir -p /run/sshd && /usr/sbin/sshd -t -p {port} && /usr/sbin/sshd -p {port} && cat /run/sshd.pid"
 # In the container: the machine's privilege-separation user ({user}: its passwd line, shell-quoted)
 # added to the base image's /etc/passwd, which has none.
 SSHD_ADD_USER = "grep -q '^sshd:' /etc/passwd || echo {user} >> /etc/passwd"
-# Workloads that start containers of their own (so do those whose `network` lists a place other than
-# "guest"): inside the cell's container they get nested podman (NESTED_*), made only for such cells.
-MAKES_CONTAINERS = ("podman-build", "container-start")
+# Workloads that start containers of their own (Workload.own_containers): inside the cell's container
+# they get nested podman (NESTED_*), made only for such cells.
 # Nested podman: a privileged container (podman mounts overlays and makes network namespaces) with a
 # store of its own on the machine's disk (overlay cannot sit on the container's own overlay root),
 # the machine's store added read-only (the base image is there: nothing is copied or pulled), the
@@ -144,24 +144,12 @@ def os_problem(kind: Isolation, os_name: str) -> str:
     return ""
 
 
-def makes_containers(name: str, params: dict[str, Any]) -> bool:
-    """Pure: whether workload `name` with `params` starts containers of its own (nested podman
-    inside a container cell). A `network` place other than "guest" is a container of its own."""
-    if name in MAKES_CONTAINERS:
-        return True
-    places = params.get("network")
-    places = places if isinstance(places, list) else [places] if isinstance(places, str) else []
-    return any(p != "guest" for p in places)
-
-
-def workload_problem(
-    name: str, params: dict[str, Any], *, runtimes: tuple[Runtime, ...] = (Runtime.PODMAN,), bare_metal: bool = False
-) -> str:
-    """Pure: why workload `name` with `params` cannot run inside the container cells of `runtimes`
-    (and the bare-metal host's container cell, if there is one) ("" if it can)."""
-    if not makes_containers(name, params):
+def workload_problem(what: str, *, runtimes: tuple[Runtime, ...] = (Runtime.PODMAN,), bare_metal: bool = False) -> str:
+    """Pure: why a workload that starts containers of its own (`what`: why it does, from
+    Workload.own_containers; "" when it does not) cannot run inside the container cells of
+    `runtimes` (and the bare-metal host's container cell, if there is one) ("" if it can)."""
+    if not what:
         return ""
-    what = "it starts containers itself" if name in MAKES_CONTAINERS else "its network places are containers of its own"
     if Runtime.DOCKER in runtimes:
         return f"{what}, and podman inside a docker container is not set up (matrix.runtime has docker)"
     if bare_metal:
@@ -220,7 +208,7 @@ def run_argv(
     accounting reads it) instead of getting one of its own (podman only). `sysctls`: set in the
     container's own network namespace (network "bridge" only: "host" shares the machine's).
     `nested`: the machine's directory of nested_setup: podman inside the container (podman only).
-    `sshd`: the container will run an sshd of its own (SERVES_SSH)."""
+    `sshd`: the container will run an sshd of its own (a workload's traits: serves_ssh)."""
     if network not in NETWORKS:
         raise ValueError(f"network must be one of {', '.join(NETWORKS)}, got {network!r}")
     if sysctls and network != "bridge":
@@ -287,7 +275,7 @@ def netns_keys(keys: list[str], probe_output: str) -> list[str]:
     return [k for k in keys if "/proc/sys/" + k.replace(".", "/") in seen]
 
 
-def bridge_sysctls(machine: Any, tuned: dict[str, str], where: str) -> tuple[dict[str, str], list[str]]:
+def bridge_sysctls(machine: Machine, tuned: dict[str, str], where: str) -> tuple[dict[str, str], list[str]]:
     """The tuned net.* keys a bridge container's own namespace has (set there at `run`), and
     those it does not (kernel-wide: the container sees the machine's). Other keys (vm.*, kernel.*)
     are the shared kernel's: they apply inside as they are."""
@@ -322,22 +310,32 @@ def parse_inspect(text: str) -> dict[str, Any]:
     return {"id": parts[0], "state": parts[1], "pid": int(parts[2]), "network": parts[3]}
 
 
-class ContainerGuest:
-    """Guest-like: every command line runs inside the cell's container on `machine` (a Guest or
-    HostGuest), except the CPU snapshot, which reads the same kernel counters on the machine
-    itself (see the module's docstring)."""
+class ContainerGuest(Machine):
+    """Every command line runs inside the cell's container on `machine` (a Guest or HostGuest),
+    except the CPU snapshot, which reads the same kernel counters on the machine itself (see the
+    module's docstring)."""
 
-    def __init__(self, machine: Any, name: str, os_name: str, runtime: Runtime = Runtime.PODMAN, *, sshd: bool = False):
+    def __init__(
+        self, machine: Machine, name: str, os_name: str, runtime: Runtime = Runtime.PODMAN, *, sshd: bool = False
+    ):
         self.machine, self.name, self.runtime = machine, name, runtime
         self.address, self.os = machine.address, machine.os
         self.known_hosts = machine.known_hosts  # the machine's host keys, which the container's sshd has
         # What a workload's own SSH connection (scp) logs in with: the machine's key and user, and the
         # container's sshd (else the machine's), checked against the machine's known_hosts entry.
         # None: the machine is not reached by SSH (the bare-metal cell's host), nor is its container.
-        self.key, self.user = getattr(machine, "key", None), getattr(machine, "user", "root")
-        port = getattr(machine, "port", None)
-        self.port = SSHD_PORT if sshd and port is not None else port
-        self.host_key_alias = self.address if port == 22 else f"[{self.address}]:{port}"
+        login = machine.ssh_login()
+        self._login = (
+            None
+            if login is None
+            else SshLogin(
+                login.address,
+                SSHD_PORT if sshd else login.port,
+                login.user,
+                login.key,
+                host_key_alias=login.address if login.port == 22 else f"[{login.address}]:{login.port}",
+            )
+        )
         # lab.workloads.cpu.snapshot's exact command line for this OS
         self._snapshot = "sh -c " + shlex.quote(osfacts.facts(os_name).cpu_ticks_cmd)
         self.execs = 0  # commands that entered the container (recorded with the cell)
@@ -353,11 +351,8 @@ class ContainerGuest:
             input=input,
         )
 
-    def put_text(self, text: str, remote: str, timeout: float = 60.0) -> None:
-        self.run(f"cat > {shlex.quote(remote)}", input=text, timeout=timeout)
-
-    def get_text(self, remote: str, timeout: float = 60.0) -> str:
-        return self.run(f"cat {shlex.quote(remote)}", timeout=timeout).stdout
+    def ssh_login(self) -> SshLogin | None:
+        return self._login
 
     def close(self) -> None:
         pass  # the machine's connection is closed by whoever opened it
@@ -373,16 +368,20 @@ class Place:
     """Where a cell's workloads run: `guest` for them, `facts` to record with the cell (updated at
     removal), `remove()` at teardown."""
 
-    guest: Any
+    guest: Machine
     facts: dict[str, Any] = field(default_factory=dict)
-    name: str = ""
+    container: ContainerGuest | None = None  # the cell's container (then also `guest`), removed at teardown
     nested_dir: str = ""  # the machine's directory of nested podman's store, removed with the container
 
+    @property
+    def name(self) -> str:
+        return self.container.name if self.container is not None else ""
+
     def remove(self) -> None:
-        if not self.name:
+        if self.container is None:
             return
-        machine, runtime = self.guest.machine, self.guest.runtime
-        self.facts["execs"] = self.guest.execs
+        machine, runtime = self.container.machine, self.container.runtime
+        self.facts["execs"] = self.container.execs
         machine.run(shlex.join(remove_argv(self.name, runtime)), timeout=120, check=False)
         left = machine.run(shlex.join(listed_argv(self.name, runtime)), timeout=60, check=False)
         self.facts["removed"] = left.returncode == 0 and not left.stdout.strip()
@@ -394,7 +393,7 @@ class Place:
 
 def enter(
     kind: Isolation,
-    machine: Any,
+    machine: Machine,
     *,
     name: str,
     os_name: str,
@@ -439,7 +438,7 @@ def enter(
     binds = [d for d in BINDS if d in have]
     nested_dir = f"{NESTED_DIR}/{name}" if nested else ""
     guest = ContainerGuest(machine, name, os_name, runtime, sshd=sshd)
-    place = Place(guest, name=name, facts=facts, nested_dir=nested_dir)
+    place = Place(guest, facts=facts, container=guest, nested_dir=nested_dir)
     facts.update(binds=binds, network=network)
     if nested_dir:
         machine.run(nested_setup(nested_dir), timeout=60)
@@ -463,11 +462,11 @@ def enter(
     )
     try:
         machine.run(shlex.join(argv), timeout=300)
-        _inside(place, machine, name, web)
+        _inside(place, guest, web)
         if nested_dir:
-            facts["nested"] = _nested_inside(place.guest)
+            facts["nested"] = _nested_inside(guest)
         if sshd:
-            facts["sshd"] = _sshd_inside(place.guest, machine)
+            facts["sshd"] = _sshd_inside(guest, machine)
         if sysctls:  # read back inside, as the tune stage reads the guest's
             seen = tuning.read(place.guest, osfacts.facts(os_name), list(sysctls))
             wrong = {k: seen.get(k) for k, v in sysctls.items() if seen.get(k) != tuning.normalise(v)}
@@ -489,7 +488,7 @@ def import_argv(runtime: Runtime) -> str:
     return f"zstd -dc {BASE_TARBALL} | {RUNTIMES[runtime].command} import --change {change} - {BASE_IMAGE} >/dev/null"
 
 
-def _import_base(machine: Any, runtime: Runtime, where: str) -> float:
+def _import_base(machine: Machine, runtime: Runtime, where: str) -> float:
     """Import the base image into the runtime's store from the tarball the golden image keeps;
     Unavailable (the cell is n/a) when there is none. Returns the seconds it took (a cell fact:
     the tune stage, never a measurement, pays it)."""
@@ -503,7 +502,7 @@ def _import_base(machine: Any, runtime: Runtime, where: str) -> float:
     return round(time.monotonic() - t0, 1)
 
 
-def _version(machine: Any, runtime: Runtime, where: str) -> str:
+def _version(machine: Machine, runtime: Runtime, where: str) -> str:
     """The runtime's version line. Docker's is its daemon's too: the golden image starts dockerd
     on the first connection to its socket (slow under TCG), and a daemon that does not answer is
     the machine's fault, not a missing runtime."""
@@ -515,7 +514,7 @@ def _version(machine: Any, runtime: Runtime, where: str) -> str:
     return res.stdout.strip()
 
 
-def _sshd_inside(guest: ContainerGuest, machine: Any) -> dict[str, Any]:
+def _sshd_inside(guest: ContainerGuest, machine: Machine) -> dict[str, Any]:
     """Start the container's sshd: the machine's privilege-separation user added to the container's
     /etc/passwd (the base image's has none), its configuration checked first (`sshd -t`)."""
     user = machine.run("grep '^sshd:' /etc/passwd", timeout=30, check=False).stdout.strip()
@@ -538,10 +537,10 @@ def _nested_inside(guest: ContainerGuest) -> dict[str, Any]:
     return {**info, "privileged": True, "images": f"the machine's {MACHINE_STORE}, read-only"}
 
 
-def _inside(place: Place, machine: Any, name: str, web: bool) -> None:
+def _inside(place: Place, guest: ContainerGuest, web: bool) -> None:
     """Record what the container is, check that a command sent through the wrapper runs in it, and
     start its nginx when the machine has one."""
-    rt = RUNTIMES[place.guest.runtime]
+    machine, name, rt = guest.machine, guest.name, RUNTIMES[guest.runtime]
     seen = machine.run(f"{rt.command} inspect --format {shlex.quote(INSPECT_FORMAT)} {shlex.quote(name)}", timeout=60)
     state = parse_inspect(seen.stdout)
     if not state:

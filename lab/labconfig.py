@@ -31,14 +31,32 @@ class Strict(BaseModel):
 
 
 class LabSection(Strict):
-    name: str = "lab"
-    results: str = "results"  # directory holding lab.db and raw artefacts; `~` and relative to lab.toml (lab.paths)
+    name: str = Field(default="lab", description="the lab's name, recorded with each run")
+    results: str = Field(
+        default="results",
+        description=(
+            "directory holding lab.db and raw artefacts; `~` is your home, a relative path is relative to lab.toml"
+        ),
+    )
     # a machine whose lease was not renewed for this long is fair game for `lab gc` anywhere; a live
     # run renews its machines' leases every third of it (lab.lease, lab.runner.renewal)
-    lease_minutes: float = Field(default=120, ge=lease.MIN_LEASE_MINUTES, le=7 * 24 * 60)
+    lease_minutes: float = Field(
+        default=120,
+        ge=lease.MIN_LEASE_MINUTES,
+        le=7 * 24 * 60,
+        description=(
+            "a VM whose lease was not renewed this long is fair game for `lab gc` anywhere (a live run renews its own)"
+        ),
+    )
     # the mode a new results directory is made with; its store and report files get the same bits
     # without x: "0700" (private: the default), "0750" (readable by the group), "0755"
-    results_mode: str = "0700"
+    results_mode: str = Field(
+        default="0700",
+        description=(
+            'mode of a new results directory; its store and report files get the same bits without x ("0700": private, '
+            '"0750": the group may read)'
+        ),
+    )
 
     @field_validator("results")
     @classmethod
@@ -98,44 +116,126 @@ else:
 
 
 class SuiteSection(Strict):
-    workloads: list[str] = ["sysbench-cpu", "iperf3-tcp"]
+    workloads: list[str] = Field(
+        default=["sysbench-cpu", "iperf3-tcp"],
+        description="the workloads every cell runs, in this order (see Workload parameters)",
+    )
     # Fixed n; with target_ci_pct, the minimum n before the CI is looked at.
-    repetitions: int = Field(default=3, ge=1, le=1000)
-    warmup: int = Field(default=1, ge=0, le=100)  # per VM boot, discarded
+    repetitions: int = Field(
+        default=3,
+        ge=1,
+        le=1000,
+        description="measured repetitions per cell and workload (fixed n); with target_ci_pct, the minimum n",
+    )
+    warmup: int = Field(
+        default=1,
+        ge=0,
+        le=100,
+        description="repetitions per VM boot that are run and discarded before the measured ones",
+    )
     # sequential: cells in matrix order; random: cells shuffled; interleaved: rounds in which
     # every cell is booted, measured for repetitions_per_boot repetitions and destroyed, in a
     # new shuffled order each round (lab.runner). The seed of every shuffle is recorded.
-    order: Literal["sequential", "random", "interleaved"] = "sequential"
-    seed: int | None = None
-    repetitions_per_boot: int = Field(default=1, ge=1, le=1000)  # interleaved only
+    order: Literal["sequential", "random", "interleaved"] = Field(
+        default="sequential",
+        description=(
+            "sequential: cells in matrix order; random: shuffled; interleaved: rounds that boot, measure and destroy "
+            "every cell, in a new shuffled order each round"
+        ),
+    )
+    seed: int | None = Field(
+        default=None, description="seed of every shuffle and bootstrap (unset: random, and recorded)"
+    )
+    repetitions_per_boot: int = Field(
+        default=1, ge=1, le=1000, description="interleaved only: repetitions of a cell per round"
+    )
     # Adaptive repetition: repeat until the 95 % CI of the median of every throughput-like metric
     # is within +-target_ci_pct % of the median, or a budget is spent.
-    target_ci_pct: float | None = Field(default=None, gt=0, le=100)
-    max_repetitions: int = Field(default=30, ge=1, le=10000)  # adaptive budget per cell and workload
-    max_seconds: float | None = Field(default=None, gt=0, le=7 * 86400)  # likewise, measured time
+    target_ci_pct: float | None = Field(
+        default=None,
+        gt=0,
+        le=100,
+        description=(
+            "adaptive repetition: repeat until the 95 % CI of the median of every throughput-like metric is within ± "
+            "this % (unset: fixed n)"
+        ),
+    )
+    max_repetitions: int = Field(
+        default=30, ge=1, le=10000, description="adaptive repetition's budget per cell and workload, in repetitions"
+    )
+    max_seconds: float | None = Field(
+        default=None,
+        gt=0,
+        le=7 * 86400,
+        description="adaptive repetition's budget per cell and workload, in measured seconds",
+    )
     # Fixed n: a repetition flagged for its host's or client's load (below) is measured again, at
     # most this many times per cell and workload, so that a busy spell does not leave the cell with
     # fewer than n figures that count. Adaptive repetition already measures until the unflagged
     # figures suffice (or max_repetitions), so it takes no such key.
-    remeasure_flagged: int = Field(default=0, ge=0, le=1000)
-    bare_metal: bool = False  # add a cell that runs the suite on the (local) host itself
-    noise_floor: bool = False  # run the first cell twice (an A/A twin) to measure the noise floor
+    remeasure_flagged: int = Field(
+        default=0,
+        ge=0,
+        le=1000,
+        description=(
+            "fixed n: a repetition flagged for its host's or client's load is measured again, at most this many times "
+            "per cell and workload"
+        ),
+    )
+    bare_metal: bool = Field(
+        default=False, description="add a cell that runs the suite on the (local) host itself: the baseline"
+    )
+    noise_floor: bool = Field(
+        default=False, description="run the first cell twice (an A/A twin) to measure the noise floor"
+    )
     params: dict[str, dict[str, Any]] = {}
     # The host under the samples (lab.hostload). A measured repetition during which anything that
     # is not the lab used more than foreign_load_pct % of one core on its host (or the host's CPU
     # steal exceeded it) is flagged: shown, kept out of medians and verdicts.
-    foreign_load_pct: float = Field(default=10.0, ge=0, le=100_000)
+    foreign_load_pct: float = Field(
+        default=10.0,
+        ge=0,
+        le=100_000,
+        description=(
+            "a repetition during which anything that is not the lab used more than this % of one core on its host (or "
+            "CPU steal exceeded it) is flagged"
+        ),
+    )
     # wait: before each measured repetition, wait until the host has been quiet (at or below
     # foreign_load_pct) for quiet_seconds, at most quiet_timeout_s, then flag the repetition and go
     # on; record: measure and flag only; off: neither. Unset: wait where the host is this machine
     # (Capabilities.local_host), record elsewhere.
-    quiet_host: Literal["wait", "record", "off"] | None = None
-    quiet_seconds: float = Field(default=2.0, gt=0, le=600)
-    quiet_timeout_s: float = Field(default=30.0, ge=0, le=3600)
+    quiet_host: Literal["wait", "record", "off"] | None = Field(
+        default=None,
+        description=(
+            "wait: before each repetition wait until the host is quiet; record: measure and flag only; off: neither "
+            "(unset: wait on this machine, record elsewhere)"
+        ),
+    )
+    quiet_seconds: float = Field(
+        default=2.0,
+        gt=0,
+        le=600,
+        description='quiet_host = "wait": how long the host must stay at or below foreign_load_pct',
+    )
+    quiet_timeout_s: float = Field(
+        default=30.0,
+        ge=0,
+        le=3600,
+        description='quiet_host = "wait": the longest wait, after which the repetition is flagged and measured',
+    )
     # The client under network samples (lab.clientload): a repetition during which the machine
     # running the load generator (when it is not the cell's host) was busy at or above this % of
     # all its CPUs is flagged: the generator, not the guest, may have set the figure.
-    client_saturated_pct: float = Field(default=90.0, gt=0, le=100)
+    client_saturated_pct: float = Field(
+        default=90.0,
+        gt=0,
+        le=100,
+        description=(
+            "a network repetition during which the load generator's machine was busy at or above this % of all its CPUs"
+            " is flagged"
+        ),
+    )
 
     def quiet_mode(self, local_host: bool) -> str:
         """What a host gets: the setting; unset, $LAB_QUIET_HOST (a machine that runs several labs at
@@ -157,7 +257,13 @@ class IsolationSection(Strict):
     # The container's network: "host" shares the machine's stack (what the VM cell measures, plus
     # the container); "bridge" is podman's own namespace behind NAT, the ports the suite serves
     # published on the machine's address.
-    network: Literal["host", "bridge"] = "host"
+    network: Literal["host", "bridge"] = Field(
+        default="host",
+        description=(
+            'the container\'s network: "host" shares the machine\'s stack; "bridge" is podman\'s own namespace'
+            " behind NAT, ports published"
+        ),
+    )
 
 
 class LabConfig(Strict):

@@ -15,7 +15,7 @@ clean-ups (netem, SSH), then `backend.destroy(vm)`, shielded from SIGINT/SIGTERM
 Ctrl-C cannot leave a VM behind. The lease is released only once the destroy succeeded: a VM that
 could not be destroyed keeps its lease for `lab gc`, and fails the cell and, loudly, the run.
 
-Each stage that completes is timed into the store (Store.stage_times): what the next `lab plan`
+Each stage that completes is timed into the store (Store.timings.stage_times): what the next `lab plan`
 estimates from (lab.estimate).
 
 In a lane of a run on several hosts (lab.runner.lanes) the cell runs in a thread of its own, where
@@ -35,18 +35,13 @@ from typing import Any, Protocol
 
 from lab import lease
 from lab.backends import Backend
-from lab.errors import HostUnreachable, LabError
+from lab.errors import HostUnreachable, Interrupted, LabError
 from lab.model import CellStatus, Vm
 from lab.store import Store
 
 STAGES = ("lease", "clone", "boot", "ssh", "verify", "tune", "workloads", "teardown")
 CONSOLE_TAIL_LINES = 15
 clock = time.monotonic  # stage times: a module attribute so that tests can step it
-
-
-class Interrupted(BaseException):
-    """Raised from the SIGTERM/SIGINT handler so every `finally` runs (BaseException: no
-    `except Exception` on the way may swallow it)."""
 
 
 @contextlib.contextmanager
@@ -162,7 +157,7 @@ class CellLife:
 
     def timed(self, stage: str, seconds: float, workload: str | None = None) -> None:
         """A step's time, for the estimate (a workload's prepare): stored."""
-        self.store.add_stage_time(self.run_id, self.cell.id, self.round_no, stage, seconds, workload)
+        self.store.timings.add_stage_time(self.run_id, self.cell.id, self.round_no, stage, seconds, workload)
 
     def _stage_done(self) -> None:
         now = clock()

@@ -5,15 +5,30 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Final, Protocol, runtime_checkable
 
 
 class NicModel(enum.StrEnum):
+    """The NIC models the lab knows: the one list of their names. Each backend offers those of its
+    own device table (NicModel -> what its hypervisor calls the model), each OS drives those of its
+    driver table (lab.osfacts)."""
+
     VIRTIO = "virtio"
     E1000 = "e1000"
     E1000E = "e1000e"
     RTL8139 = "rtl8139"
     VMXNET3 = "vmxnet3"
+
+
+def named_as_lab(*models: NicModel) -> dict[NicModel, str]:
+    """A device table whose entries the hypervisor (or driver) names as the lab does."""
+    return {m: m.value for m in models}
+
+
+# How a plan's cells are told apart in the results (lab.plan makes them, the views read them back):
+# the kind of the cell that runs the suite on the host itself, and the label suffix of an A/A twin.
+BARE_METAL: Final = "bare-metal"
+TWIN_SUFFIX: Final = "#aa"
 
 
 class DiskBus(enum.StrEnum):

@@ -1,6 +1,8 @@
-"""Per-OS facts the rest of the lab needs, in one place: NIC device and driver names, how to set
-and read a sysctl (and which ones to record), how to read CPU time, memory and CPU count, package
-names, where nginx keeps its files, the serial console and the installer's disk.
+"""Per-OS facts the rest of the lab needs, in one place: the OS's family, NIC device and driver
+names, how to set and read a sysctl (and which ones to record), how to read CPU time, memory and
+CPU count, where nginx keeps its files, the serial console and the installer's disk, what
+hypervisors call it (PVE's ostype, SmartOS imgadm's os), whether warm start can fix it up; and the
+tools the workloads run (TOOLS: each tool's package on each OS, in one place).
 
 OS differences live here (and in packer/ and templates/), never in backend x OS classes. The image
 builder renders these facts into the answer files and the provisioning stage (lab.images), so the
@@ -28,6 +30,47 @@ class NginxFacts:
     cert_dir: str  # lab.crt / lab.key go here
 
 
+# ---------------------------------------------------------------------------------------------
+# Tools: what the workloads run in a guest (and the bare-metal host), and the package that brings
+# each on every OS whose images carry it. A tool an OS has no entry for is not in its images.
+
+ALL_OSES = ("debian", "bare-metal", "alpine", "freebsd", "netbsd", "openbsd")
+# Where a daemon may live when a non-login PATH lacks sbin (Debian/Alpine, FreeBSD/OpenBSD ports, pkgsrc)
+SBIN_DIRS = ("/usr/sbin", "/usr/local/sbin", "/usr/pkg/sbin")
+
+
+@dataclass(frozen=True)
+class Tool:
+    packages: dict[str, str]  # OS -> the package that brings the tool there
+    dirs: tuple[str, ...] = ()  # where it may be when `command -v` cannot find it (a daemon in sbin)
+
+
+def _on(package: str, oses: tuple[str, ...] = ALL_OSES, **named: str) -> dict[str, str]:
+    """The package of a tool on each of `oses`: `package`, except where an OS names it otherwise."""
+    return {os_name: named.get(os_name.replace("-", "_"), package) for os_name in oses}
+
+
+TOOLS: dict[str, Tool] = {
+    "sysbench": Tool(_on("sysbench")),
+    "iperf3": Tool(_on("iperf3")),
+    "nginx": Tool(_on("nginx", debian="nginx-light", bare_metal="nginx-light"), dirs=SBIN_DIRS),
+    "git": Tool(
+        _on("git", ("debian", "alpine", "freebsd", "netbsd", "openbsd"), freebsd="git-lite", netbsd="git-base")
+    ),
+    "curl": Tool(_on("curl")),
+    "podman": Tool(_on("podman", ("debian", "alpine", "freebsd"), freebsd="podman-suite")),
+    "hyperfine": Tool(_on("hyperfine", ("debian",))),  # container-start's timer
+    "ping": Tool(_on("iputils-ping", ("debian", "bare-metal"))),  # the BSDs' and Alpine's are in their base
+    "openssl": Tool(_on("openssl", ("alpine",))),  # the others' base systems have it
+    "agent": Tool(_on("qemu-guest-agent", ("alpine", "freebsd"))),  # debian12's recipe lists its own
+}
+
+
+def package(os_name: str, tool: str) -> str:
+    """The package that brings `tool` on `os_name` (the tool's own name where no table says)."""
+    return TOOLS[tool].packages.get(os_name, tool) if tool in TOOLS else tool
+
+
 @dataclass(frozen=True)
 class OsFacts:
     name: str
@@ -37,7 +80,12 @@ class OsFacts:
     nic_device: dict[NicModel, str]  # first NIC's device name per model
     nic_driver: dict[NicModel, str]  # driver name as the guest reports it (nic_driver_cmd)
     disk_driver: dict[DiskBus, str]  # the driver of the disk controller of each bus the lab offers
-    packages: dict[str, str] = field(default_factory=dict)  # logical name -> package name
+    # What hypervisors' catalogues call the OS: a Proxmox VM's `ostype`, a SmartOS image manifest's `os`
+    pve_ostype: str = "l26"
+    imgadm_os: str = "linux"
+    # Warm start's identity fix-ups (iproute2 lines through the QEMU guest agent,
+    # lab.backends.local.warm) work on it
+    warm_fixups: bool = False
     # Shell command printing one line of cumulative CPU ticks; parsed by lab.workloads.cpu.
     cpu_ticks_cmd: str = "head -n1 /proc/stat"
     ncpu_cmd: str = "nproc"
@@ -82,6 +130,11 @@ class OsFacts:
     def sysctl_templates(self) -> str:
         return self.sysctl_dir or self.name
 
+    @property
+    def packages(self) -> dict[str, str]:
+        """Tool -> the package that brings it here, for the tools this OS's images carry (TOOLS)."""
+        return {tool: t.packages[self.name] for tool, t in TOOLS.items() if self.name in t.packages}
+
     def device(self, nic: NicModel) -> str:
         try:
             return self.nic_device[nic]
@@ -120,20 +173,9 @@ class OsFacts:
 # The BSDs cannot be booted on the machines this project is tested on: their entries come from the
 # sources above, not from a boot.
 
-_LINUX_NIC = {
-    NicModel.VIRTIO: "eth0",
-    NicModel.E1000: "eth0",
-    NicModel.E1000E: "eth0",
-    NicModel.RTL8139: "eth0",
-    NicModel.VMXNET3: "eth0",
-}
-_LINUX_DRV = {
-    NicModel.VIRTIO: "virtio_net",
-    NicModel.E1000: "e1000",
-    NicModel.E1000E: "e1000e",
-    NicModel.RTL8139: "8139cp",
-    NicModel.VMXNET3: "vmxnet3",
-}
+_LINUX_NIC = dict.fromkeys(NicModel, "eth0")  # net.ifnames=0: the first NIC is eth0 whatever drives it
+# Linux names its Intel and VMware drivers as the models are named
+_LINUX_DRV = {m: {NicModel.VIRTIO: "virtio_net", NicModel.RTL8139: "8139cp"}.get(m, m.value) for m in NicModel}
 _LINUX_DISK = {
     DiskBus.VIRTIO: "virtio_blk",
     DiskBus.SCSI: "virtio_scsi",
@@ -202,17 +244,10 @@ OSES: dict[str, OsFacts] = {
     "debian": OsFacts(
         name="debian",
         family="linux",
+        warm_fixups=True,
         nic_device=_LINUX_NIC,
         nic_driver=_LINUX_DRV,
         disk_driver=_LINUX_DISK,
-        packages={
-            "sysbench": "sysbench",
-            "iperf3": "iperf3",
-            "nginx": "nginx-light",
-            "git": "git",
-            "curl": "curl",
-            "podman": "podman",
-        },
         sysctl_watched=_LINUX_WATCHED,
         **_LINUX_CC,
         **_LINUX_OFFLOADS,
@@ -224,7 +259,6 @@ OSES: dict[str, OsFacts] = {
         nic_device=_LINUX_NIC,
         nic_driver=_LINUX_DRV,
         disk_driver={},  # the host's own disks: there is no bus to choose
-        packages={"sysbench": "sysbench", "iperf3": "iperf3", "nginx": "nginx-light", "curl": "curl"},
         cpu_ticks_cmd=BARE_METAL_TICKS,
     ),
     "alpine": OsFacts(
@@ -233,16 +267,6 @@ OSES: dict[str, OsFacts] = {
         nic_device=_ALPINE_NIC,
         nic_driver=_ALPINE_DRV,
         disk_driver=_LINUX_DISK,
-        packages={
-            "sysbench": "sysbench",
-            "iperf3": "iperf3",
-            "nginx": "nginx",
-            "git": "git",
-            "curl": "curl",
-            "podman": "podman",
-            "openssl": "openssl",
-            "agent": "qemu-guest-agent",
-        },
         sysctl_watched=_LINUX_WATCHED,
         sysctl_dir="debian",
         **_LINUX_CC,
@@ -259,6 +283,8 @@ OSES: dict[str, OsFacts] = {
     "freebsd": OsFacts(
         name="freebsd",
         family="freebsd",
+        pve_ostype="other",
+        imgadm_os="bsd",
         **_bsd_nics(virtio="vtnet", intel="em"),
         disk_driver={
             DiskBus.VIRTIO: "virtio_blk",
@@ -266,15 +292,6 @@ OSES: dict[str, OsFacts] = {
             DiskBus.SATA: "ahci",
             DiskBus.IDE: "ata",
             DiskBus.NVME: "nvme",
-        },
-        packages={
-            "sysbench": "sysbench",
-            "iperf3": "iperf3",
-            "nginx": "nginx",
-            "git": "git-lite",
-            "curl": "curl",
-            "podman": "podman-suite",
-            "agent": "qemu-guest-agent",
         },
         cpu_ticks_cmd=_BSD_CPU,
         ncpu_cmd="sysctl -n hw.ncpu",
@@ -303,6 +320,8 @@ OSES: dict[str, OsFacts] = {
     "netbsd": OsFacts(
         name="netbsd",
         family="netbsd",
+        pve_ostype="other",
+        imgadm_os="bsd",
         **_bsd_nics(virtio="vioif", intel="wm"),
         disk_driver={
             DiskBus.VIRTIO: "ld",
@@ -311,7 +330,6 @@ OSES: dict[str, OsFacts] = {
             DiskBus.IDE: "piixide",
             DiskBus.NVME: "nvme",
         },
-        packages={"sysbench": "sysbench", "iperf3": "iperf3", "nginx": "nginx", "git": "git-base", "curl": "curl"},
         cpu_ticks_cmd=_BSD_CPU,
         ncpu_cmd="sysctl -n hw.ncpu",
         mem_kib_cmd="echo $(( $(sysctl -n hw.physmem64) / 1024 ))",
@@ -336,6 +354,8 @@ OSES: dict[str, OsFacts] = {
     "openbsd": OsFacts(
         name="openbsd",
         family="openbsd",
+        pve_ostype="other",
+        imgadm_os="bsd",
         **_bsd_nics(virtio="vio", intel="em"),
         disk_driver={
             DiskBus.VIRTIO: "vioblk",
@@ -344,7 +364,6 @@ OSES: dict[str, OsFacts] = {
             DiskBus.IDE: "pciide",
             DiskBus.NVME: "nvme",
         },
-        packages={"sysbench": "sysbench", "iperf3": "iperf3", "nginx": "nginx", "git": "git", "curl": "curl"},
         # nginx: OpenBSD's package chroots to /var/www unless started with -u (see provision-openbsd.sh)
         nginx=NginxFacts(
             user="www",

@@ -16,13 +16,13 @@ import json
 import math
 import random
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, ClassVar, Final, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from lab import axes as axes_table, backends, osfacts, stats, tuning, verdicts
 from lab.axes import AXES_TABLE
 from lab.errors import UsageError
 from lab.labconfig import KNOWN_IMAGES, LabConfig
-from lab.model import MADE_BY_HOST, ImageRef, Isolation, Runtime, VmSpec
+from lab.model import BARE_METAL, MADE_BY_HOST, TWIN_SUFFIX, ImageRef, Isolation, Runtime, VmSpec
 from lab.workloads import load_all
 from lab.workloads.toolkit import effective_params
 
@@ -85,10 +85,6 @@ else:
         frozen=True,
     )
     Cell.__module__ = __name__
-
-
-TWIN_SUFFIX = "#aa"
-BARE_METAL: Final = "bare-metal"
 
 
 @dataclass(frozen=True)

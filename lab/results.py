@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lab import axes, flags, stats
-from lab.plan import BARE_METAL, TWIN_SUFFIX
+from lab.model import BARE_METAL, TWIN_SUFFIX
 from lab.store import CellRow, SampleRow
 
 CPU_METRIC = "cpu_busy_pct"

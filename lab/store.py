@@ -18,10 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lab import redact, storeschema
+from lab import storeschema
 from lab.errors import LabError, TimeoutError_, UsageError
 from lab.model import RawOutput, Sample
 from lab.storeschema import MIGRATIONS
+from lab.storetables import ExecutionRow, HostFacts, StageTimeRow, Timings, as_json as _j  # noqa: F401 - row types, as lab.store names them
 from lab.wait import wait_until
 
 _INSERT_SAMPLE = (
@@ -87,33 +88,6 @@ class SampleRow:
     higher_is_better: bool | None
     repetition: int
     labels: dict[str, Any]
-
-
-@dataclass(frozen=True)
-class ExecutionRow:
-    seq: int
-    cell_id: str
-    round: int
-    workload: str
-    repetition: int
-    started_at: float
-    finished_at: float | None
-    outcome: str  # running (never finished: the run was killed) | ok | failed
-    raw_id: int | None
-    error: str | None
-
-
-@dataclass(frozen=True)
-class StageTimeRow:
-    cell_id: str
-    round: int
-    stage: str
-    workload: str | None
-    seconds: float
-
-
-def _j(value: Any) -> str:
-    return redact.passwords(json.dumps(value, sort_keys=True, default=str))  # no URL's password is kept
 
 
 class StoreError(LabError):
@@ -182,6 +156,9 @@ class Store:
         if readonly is None:
             readonly = self.path.exists() and not (os.access(self.path, os.W_OK) and os.access(self.dir, os.W_OK))
         self.readonly = readonly
+        # Its tables with a job of their own (lab.storetables), over this store's connection
+        self.timings = Timings(self)
+        self.host_facts = HostFacts(self)
         if readonly:
             self._open_readonly()
             return
@@ -533,83 +510,3 @@ class Store:
             SampleRow(r[0], r[1], r[2], r[3], r[4], r[5], None if r[6] is None else bool(r[6]), r[7], json.loads(r[8]))
             for r in rows
         ]
-
-    # -- the executed order ---------------------------------------------------------------------
-    def start_execution(self, run_id: str, cell_id: str, round_no: int, workload: str, repetition: int) -> int:
-        cur = self.db.execute(
-            "INSERT INTO executions (run_id, cell_id, round, workload, repetition, started_at, outcome)"
-            " VALUES (?, ?, ?, ?, ?, ?, 'running')",
-            (run_id, cell_id, round_no, workload, repetition, time.time()),
-        )
-        return int(cur.lastrowid)
-
-    def finish_execution(
-        self, execution_id: int, outcome: str, raw_id: int | None = None, error: str | None = None
-    ) -> None:
-        self.db.execute(
-            "UPDATE executions SET outcome = ?, raw_id = ?, error = ?, finished_at = ? WHERE id = ?",
-            (outcome, raw_id, error, time.time(), execution_id),
-        )
-
-    def executions(self, run_id: str) -> list[ExecutionRow]:
-        rows = self.db.execute(
-            "SELECT id, cell_id, round, workload, repetition, started_at, finished_at, outcome, raw_id, error"
-            " FROM executions WHERE run_id = ? ORDER BY id",
-            (run_id,),
-        ).fetchall()
-        return [ExecutionRow(*r) for r in rows]
-
-    # -- stage times (lab.estimate) ------------------------------------------------------------
-    def add_stage_time(
-        self, run_id: str, cell_id: str, round_no: int, stage: str, seconds: float, workload: str | None = None
-    ) -> None:
-        self.db.execute(
-            "INSERT INTO stage_times (run_id, cell_id, round, stage, workload, seconds, finished_at)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (run_id, cell_id, round_no, stage, workload, seconds, time.time()),
-        )
-
-    def stage_times(self, run_id: str) -> list[StageTimeRow]:
-        rows = self.db.execute(
-            "SELECT cell_id, round, stage, workload, seconds FROM stage_times WHERE run_id = ? ORDER BY id", (run_id,)
-        ).fetchall()
-        return [StageTimeRow(*r) for r in rows]
-
-    # -- host facts ---------------------------------------------------------------------------
-    def save_host_facts(self, host: str, fingerprint: str, facts: dict[str, Any]) -> int:
-        """Store a host's facts once per distinct fingerprint; the id of the stored row."""
-        row = self.db.execute(
-            "SELECT id FROM host_facts WHERE host = ? AND fingerprint = ?", (host, fingerprint)
-        ).fetchone()
-        return (
-            row[0]
-            if row
-            else int(
-                self.db.execute(
-                    "INSERT INTO host_facts (host, fingerprint, facts, taken_at) VALUES (?, ?, ?, ?)",
-                    (host, fingerprint, _j(facts), time.time()),
-                ).lastrowid
-            )
-        )
-
-    def runs_of_host_facts(self, host_facts_id: int) -> list[str]:
-        """The runs that ran on a host while it had this fingerprint."""
-        rows = self.db.execute(
-            "SELECT run_id FROM run_hosts WHERE host_facts_id = ? ORDER BY run_id", (host_facts_id,)
-        ).fetchall()
-        return [r[0] for r in rows]
-
-    def add_host_facts(self, run_id: str, host: str, fingerprint: str, facts: dict[str, Any]) -> int:
-        fid = self.save_host_facts(host, fingerprint, facts)
-        self.db.execute(
-            "INSERT OR REPLACE INTO run_hosts (run_id, host, host_facts_id) VALUES (?, ?, ?)", (run_id, host, fid)
-        )
-        return fid
-
-    def host_facts(self, run_id: str) -> dict[str, dict[str, Any]]:
-        rows = self.db.execute(
-            "SELECT rh.host, hf.fingerprint, hf.facts FROM run_hosts rh JOIN host_facts hf ON hf.id = rh.host_facts_id"
-            " WHERE rh.run_id = ?",
-            (run_id,),
-        ).fetchall()
-        return {r[0]: {"fingerprint": r[1], **json.loads(r[2])} for r in rows}

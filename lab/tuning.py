@@ -14,6 +14,7 @@ import jinja2
 
 from lab import TEMPLATES_DIR, osfacts
 from lab.errors import LabError
+from lab.guest import Machine
 from lab.osfacts import OsFacts
 
 DEFAULT = "default"
@@ -79,7 +80,7 @@ def normalise(value: str) -> str:
     return " ".join(value.split())
 
 
-def apply(guest, facts: OsFacts, profile: str) -> Applied:
+def apply(guest: Machine, facts: OsFacts, profile: str) -> Applied:
     wanted = render(facts.name, profile)
     if wanted is None:
         return Applied(profile, False, reason=f"profile {profile!r} has no template for {facts.name}")
@@ -96,7 +97,7 @@ def apply(guest, facts: OsFacts, profile: str) -> Applied:
     return Applied(profile, True, wanted, effective)
 
 
-def read(guest, facts: OsFacts, keys: list[str]) -> dict[str, str]:
+def read(guest: Machine, facts: OsFacts, keys: list[str]) -> dict[str, str]:
     if not keys:
         return {}
     # One round trip: print "key<TAB>value" per key; unknown keys print nothing.
@@ -128,7 +129,7 @@ class Knob:
     reason: str = ""
 
 
-def apply_cc(guest, facts: OsFacts, cc: str) -> Knob:
+def apply_cc(guest: Machine, facts: OsFacts, cc: str) -> Knob:
     """Switch the congestion control (loading its module) and read back what is in effect.
     "default" changes nothing but still reads what is in effect (the tuning profile may have set it)."""
     if not facts.cc_key:
@@ -194,7 +195,7 @@ def parse_ifconfig_offloads(text: str) -> dict[str, tuple[bool, bool]]:
     }
 
 
-def read_offloads(guest, facts: OsFacts, dev: str) -> dict[str, tuple[bool, bool]]:
+def read_offloads(guest: Machine, facts: OsFacts, dev: str) -> dict[str, tuple[bool, bool]]:
     """{lro|tso|gro: (on, fixed)} for the features the NIC reports."""
     if not facts.offload_get:
         return {}
@@ -205,7 +206,7 @@ def read_offloads(guest, facts: OsFacts, dev: str) -> dict[str, tuple[bool, bool
     return parse_ifconfig_offloads(text)
 
 
-def apply_offloads(guest, facts: OsFacts, dev: str, wanted: dict[str, bool]) -> Knob:
+def apply_offloads(guest: Machine, facts: OsFacts, dev: str, wanted: dict[str, bool]) -> Knob:
     """Set each feature, then read every one back. A feature the OS cannot set, the NIC does not
     report, or reports as [fixed] in another state, makes the knob not applicable."""
 

@@ -33,10 +33,10 @@ class WanProfile(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    delay_ms: float = Field(default=0.0, ge=0, le=10000)
-    jitter_ms: float = Field(default=0.0, ge=0, le=10000)
-    loss_pct: float = Field(default=0.0, ge=0, le=100)
-    rate_mbit: float = Field(default=0.0, ge=0, le=100000)
+    delay_ms: float = Field(default=0.0, ge=0, le=10000, description="added one-way delay on the guest's link, ms")
+    jitter_ms: float = Field(default=0.0, ge=0, le=10000, description="variation of that delay, ms")
+    loss_pct: float = Field(default=0.0, ge=0, le=100, description="% of packets dropped in that direction")
+    rate_mbit: float = Field(default=0.0, ge=0, le=100000, description="rate limit in that direction, Mbit/s (0: none)")
 
     @property
     def is_null(self) -> bool:

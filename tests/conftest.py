@@ -450,5 +450,5 @@ def fake_lab(tmp_path, monkeypatch):
     fakes.backend.reset()
     yield FakeLab(tmp_path, workload)
     fakes.backend.reset()
-    workloads.WORKLOADS.pop("fake-work", None)
+    workloads.unregister("fake-work")
     backends.REGISTRY.pop("fake", None)

@@ -66,7 +66,7 @@ def add_runs(
         )
         store.add_cell(rid, "c01", 1, label, axes)
         f = dict((facts[i] if facts else None) or FACTS)
-        fid = store.add_host_facts(rid, str(axes["host"]), hostinfo.fingerprint(f), f)
+        fid = store.host_facts.add(rid, str(axes["host"]), hostinfo.fingerprint(f), f)
         load = foreign[i] if foreign else 0.0
         host_load = {"seconds": 1.0, "foreign_pct": load, "lab_pct": 100.0}
         if load > 10:
@@ -85,9 +85,9 @@ def add_runs(
                     Sample("cpu_busy_pct", 99.0, "%", None, labels),
                 ],
             )
-            ex = store.start_execution(rid, "c01", 1, "sysbench-cpu", rep)
-            store.finish_execution(ex, "ok", raw)
-        store.add_stage_time(rid, "c01", 1, "boot", 1.5)
+            ex = store.timings.start_execution(rid, "c01", 1, "sysbench-cpu", rep)
+            store.timings.finish_execution(ex, "ok", raw)
+        store.timings.add_stage_time(rid, "c01", 1, "boot", 1.5)
         store.cell_update(
             rid, "c01", status="done", stage="teardown", facts={"accel": "tcg"}, started=True, finished=True
         )

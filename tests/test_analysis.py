@@ -63,7 +63,7 @@ def add_run(
     """cells: id -> ((label, axes), median throughput, CV)."""
     store.create_run(run, "synthetic", config_path="lab.toml", config_text="", seed=seed, lab_version="0", manifest={})
     for h, f in host_facts.items():
-        store.add_host_facts(run, h, f"fp-{run}-{h}-{f['kernel']}", f)
+        store.host_facts.add(run, h, f"fp-{run}-{h}-{f['kernel']}", f)
     rng = np.random.default_rng(seed)
     for idx, (cid, ((label, axes), mean, cv)) in enumerate(cells.items(), start=1):
         store.add_cell(run, cid, idx, label, axes)
@@ -128,7 +128,12 @@ def store(tmp_path_factory) -> Store:
 def side(store, run, *sel):
     r = store.run(run)
     return analysis.side(
-        r.id, r.seed, store.cells(r.id), store.samples(r.id), store.host_facts(r.id), analysis.parse_selector(sel)
+        r.id,
+        r.seed,
+        store.cells(r.id),
+        store.samples(r.id),
+        store.host_facts.of_run(r.id),
+        analysis.parse_selector(sel),
     )
 
 

@@ -5,6 +5,7 @@ clone over loopback, and run() against scripted guests."""
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
 import pytest
 from test_workloads_unit import FakeClient, ScriptedGuest, ctx
@@ -12,6 +13,7 @@ from test_workloads_unit import FakeClient, ScriptedGuest, ctx
 import lab
 from lab import images, proc
 from lab.errors import UsageError
+from lab.guest import SshLogin
 from lab.workloads import bulk_http, container_start, containers, git_clone, gitrepo, load_all, podman_build, scp
 
 TINY = {"files": 12, "file_kib": 4, "commits": 3}
@@ -350,10 +352,16 @@ def test_container_start_marks_missing_runtime_and_transient_store_na():
 # scp and bulk-http
 
 
-def test_scp_argv_both_directions():
-    class G:
-        key, user, address, port = "/k", "root", "10.77.0.10", 22
+class G:
+    """A guest whose sshd is reached at 10.77.0.10:22 (as lab.guest.Guest says)."""
 
+    login = SshLogin("10.77.0.10", 22, "root", Path("/k"))
+
+    def ssh_login(self):
+        return self.login
+
+
+def test_scp_argv_both_directions():
     cmds = dict(scp.SCP.commands(ctx({"cipher": "aes128-gcm@openssh.com"}, guest=G()), local="/tmp/f"))
     assert cmds["tx"][-2:] == ["root@10.77.0.10:/var/tmp/lab-scp.bin", "/dev/null"]
     assert cmds["rx"][-2:] == ["/tmp/f", "root@10.77.0.10:/dev/null"]
@@ -369,9 +377,6 @@ def test_scp_argv_both_directions():
 
 
 def test_scp_checks_the_guest_host_key_when_the_context_has_them(tmp_path):
-    class G:
-        key, user, address, port = "/k", "root", "10.77.0.10", 22
-
     unchecked = dict(scp.SCP.commands(ctx({}, guest=G())))["tx"]
     assert "StrictHostKeyChecking=no" in unchecked and "UserKnownHostsFile=/dev/null" in unchecked
     c = ctx({}, guest=G())
@@ -381,7 +386,7 @@ def test_scp_checks_the_guest_host_key_when_the_context_has_them(tmp_path):
     assert "StrictHostKeyChecking=no" not in checked and not [a for a in checked if "HostKeyAlias" in a]
 
     class InContainer(G):  # a container cell's sshd: the machine's keys, on another port
-        port, host_key_alias = 2222, "10.77.0.10"
+        login = SshLogin("10.77.0.10", 2222, "root", Path("/k"), host_key_alias="10.77.0.10")
 
     c.guest = InContainer()
     boxed = dict(scp.SCP.commands(c))["tx"]
@@ -429,10 +434,10 @@ def test_bulk_http_commands_and_places():
 
 
 def test_estimates_are_positive():
-    from lab.workloads import WORKLOADS
+    from lab import workloads
 
     for name in ("git-clone", "podman-build", "container-start", "scp", "bulk-http"):
-        wl = WORKLOADS[name]
+        wl = workloads.get(name)
         assert wl.estimate_seconds(dict(wl.defaults)) > 0
 
 

@@ -1,4 +1,4 @@
-"""The bare-metal cell, for real, without VMs. Through the backend (LocalBackend.bare_metal): its
+"""The bare-metal cell, for real, without VMs. Through the backend (LocalBackend.bare_metal.make): its
 namespace, veth on the run's bridge, cgroup, nginx, teardown, and `lab gc`'s side (list_owned,
 remove_owned) after its maker is killed with -9. Through `lab run` of a lab whose only cell is the
 host itself, with real sysbench, iperf3, wrk and nginx: fast, so it also carries the runner's
@@ -47,7 +47,7 @@ def test_bare_metal_cell_through_the_backend(workdir):
     client = backend.open_run(run_id)
     bm = None
     try:
-        bm = backend.bare_metal(run_id, "bm01", 1, time.time() + 600, client)
+        bm = backend.bare_metal.make(run_id, "bm01", 1, time.time() + 600, client)
         assert bm.address == "10.77.0.250" and bm.vm.address == bm.address
         assert layout.read_lease(workdir / name)["kind"] == "bare-metal"
         # its own namespace, its eth0 a veth whose other end is on the run's bridge
@@ -105,7 +105,7 @@ import sys, time
 from lab.backends import local
 backend = local.LocalBackend("local", local.Settings(backend="local", workdir=sys.argv[1]))
 client = backend.open_run(sys.argv[2])
-bm = backend.bare_metal(sys.argv[2], "bm01", 1, time.time() + 600, client)
+bm = backend.bare_metal.make(sys.argv[2], "bm01", 1, time.time() + 600, client)
 why = bm.start_web("debian12")
 print("ready" if why is None else why, flush=True)
 time.sleep(600)
@@ -213,7 +213,7 @@ size_mib = 1
     for (wl, _), got in counted.items():
         assert got == stopped[wl]["n"] and got in (5, 6), (wl, got, stopped[wl])
         assert stopped[wl]["stopped"] == f"95 % CI of the median within ±100 % at n = {got}", stopped[wl]
-    ex = store.executions(run.id)
+    ex = store.timings.executions(run.id)
     assert all(e.outcome == "ok" and e.finished_at and e.raw_id for e in ex)
     assert [(e.round, e.workload, e.repetition) for e in ex if e.workload == "iperf3-tcp"] == [
         (1, "iperf3-tcp", -1),

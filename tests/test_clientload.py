@@ -3,6 +3,7 @@ flagging the samples of a host that is not this machine, not those of one that i
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import time
@@ -55,7 +56,7 @@ def test_saturation_is_a_share_of_every_cpu():
 
 class NetworkWork(fake_workload.FakeWorkload):
     name = "fake-net"
-    network = True
+    traits = dataclasses.replace(fake_workload.FakeWorkload.traits, network=True)
 
 
 @pytest.mark.parametrize("local_host", [False, True])

@@ -111,7 +111,7 @@ def test_two_hosts_run_their_load_generators_on_one_machine_over_ssh_in_turns(fa
     try:
         shown = lab_cli("show", rid, "-c", str(fake_lab.path))
     finally:
-        workloads.WORKLOADS.pop(probe.name, None)
+        workloads.unregister(probe.name)
     assert "client machine of host b: root@127.0.0.1 at 127.0.0.1 ran its load generators" in shown.stdout
     # logged out: no master connection left
     assert not [p for p in proc_argvs() if "ControlMaster=yes" in p and f"-p\0{machine.port}\0" in p]
@@ -184,7 +184,7 @@ def test_plan_says_where_the_load_generators_run_and_who_takes_turns(fake_lab):
         )
         res = lab_cli("plan", "-c", str(fake_lab.path), cwd=fake_lab.dir)
     finally:
-        workloads.WORKLOADS.pop("fake-net", None)
+        workloads.unregister("fake-net")
     assert res.returncode == 0, res.stderr
     text = res.stdout + res.stderr
     assert "host a: its load generators run on root@m1 (port 22) over SSH" in text

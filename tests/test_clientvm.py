@@ -63,7 +63,7 @@ def test_a_hosts_network_workloads_run_in_its_client_vm_destroyed_with_the_run(f
     try:
         shown = lab_cli("show", rid, "-c", str(fake_lab.path))
     finally:
-        workloads.WORKLOADS.pop(probe.name, None)
+        workloads.unregister(probe.name)
     assert shown.returncode == 0, shown.stderr
     assert f"client VM of host a: {name} at {fake.GUESTS[name].address} ran its load generators" in shown.stdout
 

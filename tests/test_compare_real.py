@@ -71,7 +71,7 @@ def test_interleaved_run_then_show_compare_report(golden, workdir, tmp_path):
                 and e.workload == "iperf3-tcp"
                 and e.repetition >= 0
                 and e.outcome == "running"
-                for e in s.executions(runs[0].id)
+                for e in s.timings.executions(runs[0].id)
             )
         finally:
             s.close()
@@ -94,7 +94,7 @@ def test_interleaved_run_then_show_compare_report(golden, workdir, tmp_path):
     assert cells["c01-aa"].stage == "workloads" and cells["c01-aa"].error
     # the executed order: every cell in both rounds, each round in its recorded seeded order; the
     # cells after the failed one in round 2 went on
-    ex = store.executions(run.id)
+    ex = store.timings.executions(run.id)
     firsts: dict[int, list[str]] = {}
     for e in ex:
         if e.cell_id not in firsts.setdefault(e.round, []):

@@ -38,7 +38,7 @@ def plan_estimate(cfg, store=None) -> estimate.Estimate:
 
 
 def executions(store, rid, warmups: bool):
-    return [e.finished_at - e.started_at for e in store.executions(rid) if (e.repetition < 0) == warmups]
+    return [e.finished_at - e.started_at for e in store.timings.executions(rid) if (e.repetition < 0) == warmups]
 
 
 def test_a_run_stores_the_time_of_each_stage(fake_lab, stepping_clock):
@@ -46,7 +46,7 @@ def test_a_run_stores_the_time_of_each_stage(fake_lab, stepping_clock):
     cfg = fake_lab.load()
     store = Store(cfg.results_dir)
     rid = runner.run_lab(cfg, store)
-    times = store.stage_times(rid)
+    times = store.timings.stage_times(rid)
     for cid in ("c01", "c02"):
         stages = [t.stage for t in times if t.cell_id == cid]
         assert stages == ["lease", *VM_STAGES, "prepare", "workloads", "teardown"], stages
@@ -61,7 +61,7 @@ def test_a_failed_stage_is_not_timed_but_the_teardown_is(fake_lab, stepping_cloc
     cfg = fake_lab.load()
     store = Store(cfg.results_dir)
     rid = runner.run_lab(cfg, store)
-    assert [t.stage for t in store.stage_times(rid) if t.cell_id == "c01"] == ["lease", "clone", "teardown"]
+    assert [t.stage for t in store.timings.stage_times(rid) if t.cell_id == "c01"] == ["lease", "clone", "teardown"]
     # the boot that failed says nothing about how long a boot takes: the estimate has c02's only
     assert estimate.measured(store, "f", "debian12", {}).stages["boot"] == 1.0
 
@@ -122,7 +122,7 @@ def test_only_the_newest_accelerator_and_the_same_image_count(fake_lab):
         )
         store.add_cell(rid, "c01", 1, "x", {"host": "f", "image": image})
         store.cell_update(rid, "c01", facts={"accel": accel})
-        store.add_stage_time(rid, "c01", 1, "boot", boot)
+        store.timings.add_stage_time(rid, "c01", 1, "boot", boot)
     got = estimate.measured(store, "f", "debian12", params)
     assert got.runs == ["new"] and got.stages == {"boot": 5.0}  # TCG's 50 s and alpine's 99 s left out
     assert estimate.measured(store, "g", "debian12", params).runs == []  # another host: nothing
@@ -136,7 +136,7 @@ def test_the_run_overhead_is_what_a_run_spent_outside_its_cells(fake_lab):
         store.add_cell(rid, "c01", 1, "x", {"host": "f", "image": "debian12"})
         store.cell_update(rid, "c01", status="done" if status == "done" else "failed")
         for stage, seconds in (("boot", 30.0), ("workloads", 30.0), ("prepare", 10.0)):  # prepare: inside workloads
-            store.add_stage_time(rid, "c01", 1, stage, seconds)
+            store.timings.add_stage_time(rid, "c01", 1, stage, seconds)
         store.finish_run(rid, status)
         store.db.execute("UPDATE runs SET started_at = 1000, finished_at = ? WHERE id = ?", (1000 + took, rid))
     spent, runs = estimate.run_overhead(store, "f")
@@ -163,7 +163,7 @@ def test_a_host_waited_for_adds_its_quiet_wait_to_each_repetition(fake_lab, step
     )
     store = Store(cfg.results_dir)
     rid = runner.run_lab(cfg, store)
-    quiet = [t.seconds for t in store.stage_times(rid) if t.stage == "quiet"]
+    quiet = [t.seconds for t in store.timings.stage_times(rid) if t.stage == "quiet"]
     assert quiet == [1.0, 1.0, 1.0]  # measured repetitions only, each 1 s on the stepping clock
     after = plan_estimate(cfg, store)
     assert after.basis == "measured" and estimate.measured(store, "f", "debian12", {}).stages["quiet"] == 1.0

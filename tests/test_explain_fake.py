@@ -37,7 +37,7 @@ def effects_lab(fake_lab):
     wl = EffectsWorkload()
     workloads.register(wl)
     yield fake_lab
-    workloads.WORKLOADS.pop(wl.name, None)
+    workloads.unregister(wl.name)
 
 
 def corners_lab(lab, knobs, *, params="", host="", suite="repetitions = 3", name="fx"):

@@ -106,7 +106,7 @@ def test_snapshot_is_stored_and_linked(tmp_path):
     store = Store(tmp_path / "results")
     store.create_run("r1", "t", config_path="", config_text="", seed=1, lab_version="0", manifest={})
     facts = {k: v for k, v in doc.items() if k not in ("fingerprint", "stored_id", "runs")}
-    assert store.add_host_facts("r1", "local", doc["fingerprint"], facts) == 1  # the same row: linked
+    assert store.host_facts.add("r1", "local", doc["fingerprint"], facts) == 1  # the same row: linked
     again = lab_cli("snapshot", "local", "-c", str(tmp_path / "lab.toml"))
     assert again.returncode == 0, again.stderr
     assert "host facts #1" in again.stdout and "runs with this fingerprint: r1" in again.stdout

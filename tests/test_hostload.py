@@ -215,7 +215,7 @@ def test_proxmox_host_load_polls_the_emulator(pve, pve_env):
     )
     try:
         b.start(vm)
-        load = b.host_load([vm]).stop()
+        load = b.load_meter.window([vm]).stop()
         # the emulator's node answers cpu 0.02 of its 4 threads; its VMs report no cpu of their own
         assert load.known and load.foreign_pct == pytest.approx(8.0) and load.lab_pct == 0.0 and load.cpus == 4
         assert load.steal_pct is None

@@ -3,6 +3,7 @@ from real /proc/stat text, and the host's figures of the same window folded in b
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -78,7 +79,7 @@ class HostLoadProbe(fake_workload.FakeWorkload):
     """fake-work whose samples include the host's figures, as idle's do."""
 
     name = "fake-idle"
-    records_host_load = True
+    traits = dataclasses.replace(fake_workload.FakeWorkload.traits, records_host_load=True)
 
     def parse(self, raw):
         return super().parse(raw) + idle.host_samples(raw.extra)
@@ -100,4 +101,4 @@ def test_the_runner_folds_the_hosts_window_into_the_raw_output(fake_lab):
         assert runner.reparse(store, rid) == len(store.samples(rid))  # rebuilt from the raw outputs alone
         assert {(s.repetition, s.metric): s.value for s in store.samples(rid)} == samples
     finally:
-        workloads.WORKLOADS.pop("fake-idle", None)
+        workloads.unregister("fake-idle")

@@ -742,7 +742,7 @@ def test_a_backend_without_publish_image_is_one_line_exit_2(tmp_path, monkeypatc
     from lab import cli, config
     from lab.backends import Backend
 
-    class Plain(Backend):  # a backend that cannot publish: Backend.publish_image says so
+    class Plain(Backend):  # a backend that cannot publish: it has no Publishing part
         name = "plain"
         capabilities = check = facts = open_run = close_run = run_is_live = None  # type: ignore
         clone = start = wait_ready = destroy = list_owned = remove_owned = renew_lease = None  # type: ignore

@@ -13,7 +13,7 @@ import fakes.backend as fake
 import pytest
 from conftest import lab_cli
 
-from lab import analysis, images, isolation, plan, proc, runner
+from lab import analysis, images, isolation, plan, proc, runner, workloads
 from lab.model import Isolation, Runtime
 from lab.store import Store
 
@@ -177,7 +177,6 @@ def test_the_wrapper_enters_the_container_except_for_the_cpu_snapshot():
     from lab.osfacts import facts
 
     machine = FakeGuest(address="10.0.0.2", facts=facts("debian"), nic_driver="virtio_net", vcpus=2, memory_mib=1024)
-    machine.port = 22  # a guest reached by SSH (the bare-metal host is not: port None)
     machine.containers["lab-r-c01"] = "f" * 64
     g = isolation.ContainerGuest(machine, "lab-r-c01", "debian")
     assert (g.address, g.os, g.known_hosts) == ("10.0.0.2", "debian", None)
@@ -193,19 +192,22 @@ def test_the_wrapper_enters_the_container_except_for_the_cpu_snapshot():
 
 
 def test_workload_refusals():
-    assert isolation.workload_problem("sysbench-cpu", {}) == ""
-    assert isolation.workload_problem("git-clone", {"network": ["guest"]}) == ""
-    assert isolation.workload_problem("scp", {}) == ""  # the container runs an sshd of its own
-    assert isolation.workload_problem("scp", {}, bare_metal=True) == ""  # skipped on bare metal (no SSH)
+    def problem(name: str, params: dict, **kw) -> str:
+        return isolation.workload_problem(workloads.get(name).own_containers(params), **kw)
+
+    assert problem("sysbench-cpu", {}) == ""
+    assert problem("git-clone", {"network": ["guest"]}) == ""
+    assert problem("scp", {}) == ""  # the container runs an sshd of its own
+    assert problem("scp", {}, bare_metal=True) == ""  # skipped on bare metal (no SSH)
     # workloads that start containers run inside with nested podman: not in docker's, not on bare metal
     places = {"network": ["guest", "default", "host"]}
     for wl, params in (("git-clone", places), ("podman-build", {"network": ["host"]}), ("container-start", {})):
-        assert isolation.makes_containers(wl, params)
-        assert isolation.workload_problem(wl, params) == ""
-        assert "docker" in isolation.workload_problem(wl, params, runtimes=(Runtime.PODMAN, Runtime.DOCKER))
-        assert "bare-metal host" in isolation.workload_problem(wl, params, bare_metal=True)
-    assert not isolation.makes_containers("git-clone", {"network": ["guest"]})
-    assert isolation.workload_problem("sysbench-cpu", {}, runtimes=(Runtime.DOCKER,), bare_metal=True) == ""
+        assert workloads.get(wl).own_containers(params)
+        assert problem(wl, params) == ""
+        assert "docker" in problem(wl, params, runtimes=(Runtime.PODMAN, Runtime.DOCKER))
+        assert "bare-metal host" in problem(wl, params, bare_metal=True)
+    assert not workloads.get("git-clone").own_containers({"network": ["guest"]})
+    assert problem("sysbench-cpu", {}, runtimes=(Runtime.DOCKER,), bare_metal=True) == ""
     assert isolation.kind_problem(Isolation.CONTAINER) == ""
     # zones are the SmartOS host's to make (Capabilities.machine_isolation), not refused as a kind
     assert "FreeBSD" in isolation.kind_problem(Isolation.JAIL) and isolation.kind_problem(Isolation.ZONE) == ""
@@ -309,29 +311,28 @@ def test_network_bridge_is_passed_to_podman(fake_lab):
 def test_a_container_for_scp_runs_an_sshd_of_its_own():
     from fakes.guest import FakeGuest
 
-    from lab.guest import Guest, HostGuest
+    from lab.guest import Guest, HostGuest, SshLogin
     from lab.osfacts import facts
 
     argv = isolation.run_argv("n", "bridge", ["/usr"], {}, sshd=True)
     assert "2222:2222" in argv and "/etc/ssh:/etc/ssh:ro" in argv and "/root/.ssh:/root/.ssh:ro" in argv
     assert "2222:2222" not in isolation.run_argv("n", "bridge", ["/usr"], {})
     machine = FakeGuest(address="10.0.0.2", facts=facts("debian"), nic_driver="virtio_net", vcpus=2, memory_mib=1024)
-    machine.port = 22  # a guest reached by SSH (the bare-metal host is not: port None)
     place = isolation.enter(Isolation.CONTAINER, machine, name="c1", os_name="debian", sshd=True)
     assert place.facts["sshd"] == {"port": 2222, "pid": 4343, "host_keys": "the machine's"}
     assert "mkdir -p /run/sshd && /usr/sbin/sshd -t -p 2222 && /usr/sbin/sshd -p 2222" in " ".join(machine.inside)
     assert machine.inside[-2] == (  # the base image has no privilege-separation user: the machine's
         "grep -q '^sshd:' /etc/passwd || echo sshd:x:100:65534::/run/sshd:/usr/sbin/nologin >> /etc/passwd"
     )
-    assert (place.guest.port, place.guest.host_key_alias) == (2222, "10.0.0.2")
+    assert place.guest.ssh_login() == SshLogin("10.0.0.2", 2222, "root", None, host_key_alias="10.0.0.2")
     place.remove()
     # what scp's own connection is checked with: the machine's known_hosts entry, named as the file names it
     ssh_machine = Guest("10.77.0.10", key=Path("/k"), port=2200, known_hosts="[10.77.0.10]:2200 ssh-ed25519 AAAA\n")
     box = isolation.ContainerGuest(ssh_machine, "c1", "debian", sshd=True)
-    assert (box.port, box.key, box.user, box.host_key_alias) == (2222, Path("/k"), "root", "[10.77.0.10]:2200")
+    assert box.ssh_login() == SshLogin("10.77.0.10", 2222, "root", Path("/k"), host_key_alias="[10.77.0.10]:2200")
     ssh_machine.close()
     bare = isolation.ContainerGuest(HostGuest("10.0.0.3", netns="lab-x"), "c2", "debian", sshd=True)
-    assert bare.port is None  # scp's prepare skips it
+    assert bare.ssh_login() is None  # scp's prepare skips it
 
 
 def test_nested_podman_argv():

@@ -76,7 +76,7 @@ def test_default_shape_lab_virtio_beats_e1000(golden, workdir, tmp_path):
     raws = list(store.raw_outputs(run.id))
     assert {rep for _, _, rep, _ in raws} == {-1, 0, 1, 2}
     assert all(s.repetition >= 0 for s in store.samples(run.id))
-    assert store.host_facts(run.id)["local"]["cpu_model"]
+    assert store.host_facts.of_run(run.id)["local"]["cpu_model"]
     assert leftovers(workdir, run.id) == []
 
     show = run_lab_cli("show", run.id, "-c", str(cfg))

@@ -4,6 +4,7 @@ manifest's lanes and overlaps, the shared store and reporter, and the scale of m
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -62,7 +63,7 @@ def run_with(fake_lab, probes: list, hosts: dict[str, str], **lab) -> tuple[Stor
         return store, runner.run_lab(cfg, store)
     finally:
         for probe in probes:
-            workloads.WORKLOADS.pop(probe.name, None)
+            workloads.unregister(probe.name)
 
 
 def timed_run(cfg) -> tuple[Store, str, float]:
@@ -278,7 +279,8 @@ class ConcurrencyProbe(fake_workload.FakeWorkload):
 
     def __init__(self, name: str, network: bool):
         super().__init__()
-        self.name, self.network = name, network
+        self.name = name
+        self.traits = dataclasses.replace(self.traits, network=network)
         self.lock = threading.Lock()
         self.now = self.most = 0
 
@@ -341,7 +343,7 @@ def test_plan_shows_one_line_per_lane_and_the_turns_on_the_client(fake_lab):
         )
         res = lab_cli("plan", "-c", str(fake_lab.path), cwd=fake_lab.dir)
     finally:
-        workloads.WORKLOADS.pop("fake-probe", None)
+        workloads.unregister("fake-probe")
     assert res.returncode == 0, res.stderr
     text = res.stdout + res.stderr
     assert "lanes: 2 hosts at once, each one cell at a time; the estimate is the longest lane's" in text
@@ -400,7 +402,8 @@ class IntervalProbe(fake_workload.FakeWorkload):
 
     def __init__(self, name: str, network: bool):
         super().__init__()
-        self.name, self.network = name, network
+        self.name = name
+        self.traits = dataclasses.replace(self.traits, network=network)
 
     def run(self, ctx, repetition):
         started = time.monotonic()
@@ -440,7 +443,7 @@ def test_the_estimate_counts_the_turns_network_measurements_take(fake_lab):
         est = estimate.estimate(cfg, units, params)
         one = estimate.estimate(cfg, units[:1], params)
     finally:
-        workloads.WORKLOADS.pop("fake-probe", None)
+        workloads.unregister("fake-probe")
     # each lane: one boot and 20 network repetitions; four lanes take turns on the one client
     assert est.client_s == pytest.approx(4 * one.client_s) and est.client_s > max(est.lanes.values())
     assert est.seconds == pytest.approx(est.client_s)

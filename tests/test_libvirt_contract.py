@@ -350,7 +350,7 @@ def test_bhyve_preflight_refusal_removes_the_zvol(run_id, monkeypatch):
     def refuse(xml):
         raise BackendError("the bhyve driver on 'bsd1' rejects the domain: unsupported disk type")
 
-    monkeypatch.setattr(b, "_preflight_bhyve", refuse)
+    monkeypatch.setattr(b.machines, "_preflight_bhyve", refuse)
     spec = spec_for(img, run_id)
     with pytest.raises(BackendError, match="unsupported disk type"):
         b.clone(img, spec)
@@ -371,7 +371,7 @@ def test_wait_ready_fails_fast_when_the_domain_is_not_running(tmp_path, golden_q
 
 
 # --------------------------------------------------------------------------------------------
-# golden images on the host: publish_image and check_image
+# golden images on the host: publishing and check_image
 
 FBSD = ImageRef(name="fbsd14", os="freebsd", path=Path("/nonexistent/fbsd14.raw"), digest="abc123")
 
@@ -417,19 +417,19 @@ def test_bhyve_publish_runs_the_plan_and_is_idempotent(tmp_path):
     img = ImageRef(name="fbsd14", os="freebsd", path=raw, digest="abc123")
     fake = FakeHost(answers={"zfs list -H -t snapshot": (1, "")})  # not there yet
     b = bsd(fake)
-    assert b.publish_image(img) == "zfs:zroot/lab/fbsd14@gold"
+    assert b.publishing.publish(img) == "zfs:zroot/lab/fbsd14@gold"
     cmds = [shlex.split(c)[:2] for c in fake.remote_commands()]
     assert cmds == [["zfs", "list"], ["zfs", "create"], ["dd", "of=/dev/zvol/zroot/lab/fbsd14"], ["zfs", "snapshot"]]
     assert fake.stdin == {"dd of=/dev/zvol/zroot/lab/fbsd14 bs=1048576 conv=sparse": str(raw)}  # raw: no convert
 
     # there already with this recipe: nothing is written
     fake = FakeHost(answers={"zfs list -H -t snapshot": (0, "zroot/lab/fbsd14@gold\tabc123\n")})
-    assert bsd(fake).publish_image(img) == "zfs:zroot/lab/fbsd14@gold"
+    assert bsd(fake).publishing.publish(img) == "zfs:zroot/lab/fbsd14@gold"
     assert [shlex.split(c)[:2] for c in fake.remote_commands()] == [["zfs", "list"]]
     # another recipe under the same name: refused (clones may depend on the old snapshot)
     fake = FakeHost(answers={"zfs list -H -t snapshot": (0, "zroot/lab/fbsd14@gold\told999\n")})
     with pytest.raises(UsageError, match="recipe old999.*not abc123"):
-        bsd(fake).publish_image(img)
+        bsd(fake).publishing.publish(img)
 
 
 def test_bhyve_publish_failure_destroys_the_half_made_zvol(tmp_path):
@@ -438,7 +438,7 @@ def test_bhyve_publish_failure_destroys_the_half_made_zvol(tmp_path):
     img = ImageRef(name="fbsd14", os="freebsd", path=raw, digest="abc123")
     fake = FakeHost(answers={"zfs list -H -t snapshot": (1, ""), "dd of=": (1, "")})
     with pytest.raises(CommandError):
-        bsd(fake).publish_image(img)
+        bsd(fake).publishing.publish(img)
     assert shlex.split(fake.remote_commands()[-1]) == ["zfs", "destroy", "-r", "zroot/lab/fbsd14"]
     fed = next(iter(fake.stdin.values()))
     assert fed.endswith("/fbsd14.raw") and fed != str(raw)  # the qcow2 went through qemu-img convert
@@ -482,7 +482,7 @@ def test_qemu_golden_root_follows_the_published_manifest(tmp_path, built_image):
     assert b.disks.golden_root(img) is None and b.disks.golden_source(img) == str(img.path)  # local host: in place
 
     b = host("q", uri="qemu:///system", dir=str(disks))
-    assert b.publish_image(img) == f"file:{disks}/debian12.qcow2"
+    assert b.publishing.publish(img) == f"file:{disks}/debian12.qcow2"
     assert json.loads((disks / "debian12.json").read_text())["recipe_digest"] == "d1"
     assert (disks / "debian12" / "vmlinuz").read_bytes() == b"x"
     assert b.disks.golden_source(img) == f"{disks}/debian12.qcow2"
@@ -511,7 +511,7 @@ def test_qemu_publish_to_a_remote_host_streams_over_ssh(built_image):
     img, img_dir = built_image, built_image.path.parent
     fake = FakeHost(answers={"cat /srv/lab/debian12.json": (1, "")})
     b = host("r", fake, uri="qemu+ssh://root@kvm1/system", images_dir="/srv/lab")
-    assert b.publish_image(img) == "file:/srv/lab/debian12.qcow2"
+    assert b.publishing.publish(img) == "file:/srv/lab/debian12.qcow2"
     cmds = fake.remote_commands()
     assert cmds[1] == "mkdir -p /srv/lab /srv/lab/debian12"
     assert fake.stdin == {

@@ -1,7 +1,7 @@
 """End to end on the real libvirt QEMU driver (qemu:///system, TCG), in three tests that boot two
 VMs in all (the third is killed mid-boot):
 
-1. the backend object: `publish_image` into a libvirt storage pool, a clone of the published copy,
+1. the backend object: its `publishing` part into a libvirt storage pool, a clone of the published copy,
    boot, every link of the address chain checked against the running guest (static, libvirt's ARP
    source, the host's neighbour table, the console log, the console stream bhyve relies on), SSH,
    destroy, nothing left;
@@ -119,7 +119,7 @@ def test_publish_clone_boot_address_chain_destroy(golden, libvirtd, lab_bridge, 
 
     # publish into the pool: the images/ layout, the manifest last, the pool refreshed
     t0 = time.monotonic()
-    where = backend.publish_image(golden)
+    where = backend.publishing.publish(golden)
     publish_s = time.monotonic() - t0
     assert where == f"file:{pool_dir}/debian12.qcow2"
     for rel in ("debian12.qcow2", "debian12/vmlinuz", "debian12/initrd.img", "debian12.json"):
@@ -129,7 +129,7 @@ def test_publish_clone_boot_address_chain_destroy(golden, libvirtd, lab_bridge, 
     vol = pool.storageVolLookupByName("debian12.qcow2")  # libvirt sees it as a volume of the pool
     assert "<format type='qcow2'/>" in vol.XMLDesc(0)
     mtime = (pool_dir / "debian12.qcow2").stat().st_mtime_ns
-    assert backend.publish_image(golden) == where  # same recipe: nothing copied again
+    assert backend.publishing.publish(golden) == where  # same recipe: nothing copied again
     assert (pool_dir / "debian12.qcow2").stat().st_mtime_ns == mtime
 
     backend = LibvirtBackend("e2e", settings)  # a new process would resolve the golden afresh

@@ -249,17 +249,17 @@ def test_cpu_times_of_a_local_host_and_a_freebsd_host(tmp_path, golden_qcow2, ru
     vm = b.clone(golden_qcow2, spec_for(golden_qcow2, run_id))
     try:
         b.start(vm)
-        first = b.cpu_times([vm])
+        first = b.load_meter.cpu_times([vm])
         assert set(first) == {"at", "busy_s", "lab_s", "steal_s", "cpus"}
         assert first["cpus"] == os.cpu_count() and first["busy_s"] > 0 and first["lab_s"] >= 0
         t = time.monotonic() + 0.2
         while time.monotonic() < t:
             pass
-        second = b.cpu_times([vm])
+        second = b.load_meter.cpu_times([vm])
         assert second["at"] > first["at"] and second["busy_s"] > first["busy_s"]
         # the host is this machine: this process's own CPU (as the lab's load generators') is the lab's
         assert second["lab_s"] - first["lab_s"] >= 0.1
-        window = b.host_load([vm])
+        window = b.load_meter.window([vm])
         t = time.monotonic() + 0.5
         while time.monotonic() < t:
             pass
@@ -276,7 +276,7 @@ def test_cpu_times_of_a_local_host_and_a_freebsd_host(tmp_path, golden_qcow2, ru
         }
     )
     bsd = bhyve_backend(fake)
-    got = bsd.cpu_times([])
+    got = bsd.load_meter.cpu_times([])
     assert got["cpus"] == 4 and got["steal_s"] is None and got["lab_s"] == 0
     assert got["busy_s"] == pytest.approx(3651 / 127)
     assert fake.remote_commands()[-1] == "sysctl -n kern.cp_time kern.smp.cpus kern.clockrate"
@@ -286,7 +286,7 @@ def test_remote_linux_host_load_is_read_over_ssh():
     stat = "cpu  100 0 100 800 0 0 0 50 0 0\ncpu0 100 0 100 800 0 0 0 50 0 0\n"
     fake = FakeHost(answers={"cat /proc/stat": (0, stat)})
     b = host("kvm1", fake, uri="qemu+ssh://root@kvm1/system")
-    got = b.cpu_times([])
+    got = b.load_meter.cpu_times([])
     assert (got["busy_s"], got["steal_s"], got["cpus"]) == (2.0, 0.5, 1)
     assert got["lab_s"] == 0  # no domain of the lab's is up there; this machine's processes are not that host's
     assert fake.remote_commands() == ["cat /proc/stat"]

@@ -74,9 +74,9 @@ def warm_host(libvirtd, golden):
         backend = LibvirtBackend("warm", settings)
         backend.check()
         yield WarmHost(backend, d / "disks", n, timings)
-        for item in backend.warm_snapshots():
-            backend.remove_warm(item)
-        assert backend.warm_snapshots() == []
+        for item in backend.warm.snapshots():
+            backend.warm.remove(item)
+        assert backend.warm.snapshots() == []
         assert not list((d / "disks").glob("*")), list((d / "disks").glob("*"))
         backend.connection.close()
         print("\nwarm start timings (s): " + json.dumps(timings, sort_keys=True))
@@ -168,10 +168,10 @@ def test_two_warm_cells_of_one_snapshot_are_two_machines(warm_host, golden):
         assert seen[0]["addr"] != seen[1]["addr"] and seen[0]["mac"] != seen[1]["mac"]
         assert seen[0]["rng"] != seen[1]["rng"]
 
-        (snap,) = backend.warm_snapshots()
+        (snap,) = backend.warm.snapshots()
         assert snap.kind == "warm" and snap.name == vm1.facts["warm"]["snapshot"] and snap.detail == golden.digest
         with pytest.raises(lab.errors.BackendError, match="in use"):
-            backend.remove_warm(snap)
+            backend.warm.remove(snap)
         lease = backend.inventory.leases()[0]
         assert {lz.get("warm") for _, lz in lease if lz["run"] == run_id} == {snap.name}
     finally:
@@ -187,7 +187,7 @@ def test_a_broken_snapshot_makes_the_cell_boot_cold_and_say_why(warm_host, golde
     # a snapshot to break (the first test's, or one built now)
     first = backend.clone(golden, cell(golden, run_id, "probe", "warm"))
     backend.destroy(first)
-    (snap,) = backend.warm_snapshots()
+    (snap,) = backend.warm.snapshots()
     state = warm_host.dir / f"{snap.name}.state"
 
     # corrupt: the migration stream overwritten in the middle

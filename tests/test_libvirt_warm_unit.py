@@ -248,15 +248,15 @@ def test_warm_store_lists_only_the_labs_snapshots_and_keeps_those_in_use(tmp_pat
     (tmp_path / "lab-warm-eeeeeeeeeeeeeeee.json").write_text(
         json.dumps({"lab": warm.WARM_NS, "name": "lab-warm-0000000000000000"}) + "\n"
     )
-    listed = b.warm.owned("libvirt")
+    listed = b.warm.store.owned("libvirt")
     assert [(o.kind, o.name, o.detail, o.run_id) for o in listed] == [("warm", ours, "d1", "")]
     with pytest.raises(BackendError, match="in use by lab-r1-c1"):
-        b.warm.remove(ours, ["lab-r1-c1"])
+        b.warm.store.remove(ours, ["lab-r1-c1"])
     assert (tmp_path / f"{ours}.state").exists()
     for name in ("lab-warm-ffffffffffffffff", "lab-warm-eeeeeeeeeeeeeeee", "../etc", "other"):
         with pytest.raises(BackendError):
-            b.warm.remove(name, [])
-    b.warm.remove(ours, [])
+            b.warm.store.remove(name, [])
+    b.warm.store.remove(ours, [])
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "lab-warm-eeeeeeeeeeeeeeee.json",
         "lab-warm-ffffffffffffffff.json",

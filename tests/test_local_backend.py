@@ -32,6 +32,8 @@ from lab.osfacts import facts
 from lab.runner import verify
 from lab.store import Store
 from lab.wait import wait_until
+from lab.workloads import WorkloadContext
+from lab.workloads.ping import PING
 
 IMAGE = ImageRef(name="debian12", os="debian", path=Path("/images/debian12.qcow2"), digest="d")
 
@@ -225,7 +227,7 @@ def test_gc_finds_and_removes_what_a_workdir_holds(tmp_path):
 
 def test_backend_reads_its_typed_settings(tmp_path):
     backend = backend_in(tmp_path / "w", subnet="10.9.8", boot_timeout=5)
-    assert backend.workdir == tmp_path / "w" and backend.gateway == "10.9.8.1"
+    assert backend.workdir == tmp_path / "w" and backend.machines.gateway == "10.9.8.1"
     assert backend.settings.boot_timeout == 5 and backend.facts()["backend"] == "local"
     vm = Vm(
         spec=make_spec(IMAGE, "r1", NicModel.VIRTIO),
@@ -297,7 +299,7 @@ def test_cpu_times_sums_the_lab_and_its_cgroup_from_a_proc_tree(tmp_path):
 def test_host_load_is_a_counter_window_over_cpu_times(tmp_path):
     """The seam's window (lab.hostload) over this machine's /proc: known, with the lab's share."""
     backend = local.LocalBackend("local", local.Settings(backend="local", workdir=str(tmp_path)))
-    window = backend.host_load([])
+    window = backend.load_meter.window([])
     sum(range(200_000))  # this process is the lab's: a little CPU for it to count
     load = window.stop()
     assert load.known and load.unknown == "" and load.cpus == os.cpu_count() and load.seconds > 0
@@ -356,8 +358,12 @@ def test_bare_metal_nginx_conf_moves_paths_into_the_cell(tmp_path):
 def test_boot_verify_run_destroy(golden, workdir, nic, clone):
     with local_run(workdir) as made:
         backend, run_id, client = made["backend"], made["run_id"], made["client"]
-        spec = make_spec(golden, run_id, nic, clone=clone)
+        spec = make_spec(golden, run_id, nic, clone=clone, owner="0123456789ab-ba9876543210")
         vm = made["vm"] = backend.clone(golden, spec)
+        # the lease says whose it is, and a live run moves its expiry (lab.lease, lab.runner.renewal)
+        backend.renew_lease(vm, spec.expires_at + 60)
+        (owned,) = [o for o in backend.list_owned() if o.kind == "vm" and o.name == vm.name]
+        assert (owned.owner, owned.expires_at) == (spec.owner, spec.expires_at + 60)
         disk = Path(vm.handle["dir"]) / "disk.qcow2"
         info = json.loads(proc.run(["qemu-img", "info", "--output=json", str(disk)]).stdout)
         assert ("backing-filename" in info) == (clone is CloneKind.LINKED)
@@ -376,6 +382,12 @@ def test_boot_verify_run_destroy(golden, workdir, nic, clone):
             )
             with pytest.raises(VerificationError, match="vCPUs"):
                 verify(guest, facts("debian"), wrong)
+            if nic is NicModel.VIRTIO:  # the ping workload, for real: the guest pings the run's bridge (~1 s)
+                ctx = WorkloadContext(guest, client, "debian", 2, {"count": 5, "interval": 0.2, "size": 56})
+                PING.prepare(ctx)
+                rows = {s.metric: s for s in PING.parse(PING.run(ctx, 0))}
+                assert rows["loss_pct"].value == 0 and 0 < rows["rtt_min_ms"].value <= rows["rtt_avg_ms"].value
+                assert "flagged" not in rows["rtt_avg_ms"].labels and "cpu_busy_pct" in rows
         pid = vm.handle["pid"]
         t0 = time.monotonic()
         backend.destroy(vm)

@@ -12,7 +12,7 @@ import pytest
 
 from lab.errors import LabError
 from lab.model import RawOutput
-from lab.workloads import cpu, http, iperf3, sysbench, toolkit
+from lab.workloads import cpu, http, iperf3, ping, sysbench, toolkit
 
 DATA = Path(__file__).parent / "data"
 
@@ -786,3 +786,35 @@ def test_parse_errors_carry_exit_status_and_stderr():
     )
     with pytest.raises(LabError, match=r"http: .*unable to connect.*\(wrk exit status 1\)"):
         http.HTTP.parse(raw)
+
+
+# ---------------------------------------------------------------------------------------------
+# ping (iputils, in the golden image's guest)
+
+
+def test_ping_parses_iputils_summary():
+    r = ping.parse_ping_output(read("ping/linux-iputils-20221126-replies.txt"))
+    assert (r["sent"], r["received"], r["loss_pct"]) == (20, 20, 0.0)
+    assert (r["min"], r["avg"], r["max"], r["mdev"]) == (0.419, 1.678, 6.2, 1.776)
+
+
+def test_ping_without_a_reply_measured_no_round_trip():
+    r = ping.parse_ping_output(read("ping/linux-iputils-20221126-no-reply.txt"))
+    assert (r["sent"], r["received"], r["loss_pct"]) == (12, 0, 100.0) and "avg" not in r
+    assert r[toolkit.UNMEASURED] == "no reply to the 12 pings sent"
+    with pytest.raises(LabError, match="no 'packets transmitted"):
+        ping.parse_ping_output("ping: connect: Network is unreachable\n")
+
+
+def test_ping_workload_rows_flags_and_command():
+    cpu = {"cpu_before": LIN_B, "cpu_after": LIN_A}
+    raw = RawOutput("ping", "ping ...", read("ping/linux-iputils-20221126-replies.txt"), params={"size": 56}, extra=cpu)
+    rows = by_metric(ping.PING.parse(raw))
+    assert rows["rtt_avg_ms"].value == 1.678 and rows["rtt_avg_ms"].unit == "ms"
+    assert rows["loss_pct"].value == 0 and not rows["rtt_avg_ms"].higher_is_better and "cpu_busy_pct" in rows
+    lost = RawOutput("ping", "ping ...", read("ping/linux-iputils-20221126-no-reply.txt"), returncode=1, extra=cpu)
+    rows = by_metric(ping.PING.parse(lost))
+    assert rows["loss_pct"].value == 100 and "rtt_avg_ms" not in rows
+    assert rows["unmeasured"].labels["flagged"] == 1 and rows["loss_pct"].labels["flagged"] == 1
+    assert ping.ping_command("10.77.0.1", 20, 0.2, 56) == "ping -q -c 20 -i 0.2 -s 56 -w 9 10.77.0.1"
+    assert ping.PING.estimate_seconds({"count": 20, "interval": 0.2, "size": 56}) == pytest.approx(5.0)

@@ -76,7 +76,7 @@ def no_leftovers(emu) -> None:
 def test_publish_with_import_content_then_clone(pve, tmp_path, pve_env):
     img = image(tmp_path)
     b = ProxmoxBackend("pve1", backend_settings(pve, template=None), pve_env)
-    assert b.publish_image(img) == "lab-debian12"
+    assert b.publishing.publish(img) == "lab-debian12"
     uploads = [p for m, path, p in pve.requests if path.endswith("/upload")]
     assert [u["content"] for u in uploads] == ["import"] and uploads[0]["checksum"] == img.sha256
     create = [p for m, path, p in pve.requests if m == "POST" and path == "/nodes/pve1/qemu"][0]
@@ -94,13 +94,13 @@ def test_publish_with_import_content_then_clone(pve, tmp_path, pve_env):
     clone_cfg = pve.vm(vm.handle["vmid"]).config  # the template's disk, re-attached on the cell's bus
     assert clone_cfg["virtio0"].startswith(f"local-lvm:base-{tmpl[0]}-disk-0/") and "scsi0" not in clone_cfg
     before = len(pve.requests)
-    assert b.publish_image(img) == "lab-debian12"
+    assert b.publishing.publish(img) == "lab-debian12"
     assert not [p for m, path, p in pve.requests[before:] if m != "GET"]
     b.destroy(vm)
     # a new build of the image replaces the template (the old one has no clones left)
     new = image(tmp_path, size="20M")
     b2 = ProxmoxBackend("pve1", backend_settings(pve, template=None), pve_env)
-    b2.publish_image(new)
+    b2.publishing.publish(new)
     now = [v for v in pve.vm_ids(include_templates=True) if v != TEMPLATE_VMID]
     assert len(now) == 1 and now[0] != tmpl[0]
     assert f"lab-image-sha256: {new.sha256}" in pve.vm(now[0]).config["description"]
@@ -119,7 +119,7 @@ def test_publish_failing_import_leaves_nothing(pve, tmp_path, pve_env):
     pve.fail_next("qmcreate", "import failed: qemu-img: Could not open '/dev/pve/vm-100-disk-0'")
     b = ProxmoxBackend("pve1", backend_settings(pve, template=None), pve_env)
     with pytest.raises(BackendError, match="import of debian12 into VM 100 failed: import failed: qemu-img"):
-        b.publish_image(img)
+        b.publishing.publish(img)
     assert pve.vm_ids(include_templates=True) == [TEMPLATE_VMID]
     assert pve.volume_ids() == []  # neither the upload nor a half-imported disk
 
@@ -132,7 +132,7 @@ def test_publish_without_the_upload_privilege_names_it(pve, tmp_path, pve_env):
     )
     b = ProxmoxBackend("pve1", backend_settings(pve, template=None, token="lab@pve!noup=noup-secret"), pve_env)
     with pytest.raises(AuthError) as err:
-        b.publish_image(image(tmp_path))
+        b.publishing.publish(image(tmp_path))
     assert "Permission check failed (/storage/local, Datastore.AllocateTemplate)" in str(err.value)
     assert "noup-secret" not in str(err.value) and err.value.exit_code == 2
     assert pve.volume_ids() == []
@@ -142,7 +142,7 @@ def test_publish_without_the_upload_privilege_names_it(pve, tmp_path, pve_env):
 def test_publish_on_74_needs_root_then_imports_by_path(pve, tmp_path, pve_env):
     img = image(tmp_path)
     with pytest.raises(UsageError) as err:
-        ProxmoxBackend("pve1", backend_settings(pve, template=None), pve_env).publish_image(img)
+        ProxmoxBackend("pve1", backend_settings(pve, template=None), pve_env).publishing.publish(img)
     assert "imports from an absolute path, which PVE allows only root@pam with a password, not lab@pve!lab" in str(
         err.value
     )
@@ -150,7 +150,7 @@ def test_publish_on_74_needs_root_then_imports_by_path(pve, tmp_path, pve_env):
     root = ProxmoxBackend(
         "pve1", backend_settings(pve, template=None, token=None, user="root@pam", password="rootpass"), pve_env
     )
-    assert root.publish_image(img) == "lab-debian12"
+    assert root.publishing.publish(img) == "lab-debian12"
     uploads = [p for m, path, p in pve.requests if path.endswith("/upload")]
     assert [u["content"] for u in uploads] == ["iso"]
     create = [p for m, path, p in pve.requests if m == "POST" and path == "/nodes/pve1/qemu"][0]

@@ -67,7 +67,7 @@ def publish_template(emu, pve_certs, pve_env, golden, storage: str = "local-lvm"
         ca_file=str(pve_certs.ca_file),
         storage=storage,
     )
-    return ProxmoxBackend("pve", settings, pve_env).publish_image(golden)
+    return ProxmoxBackend("pve", settings, pve_env).publishing.publish(golden)
 
 
 def _qemus_under(workdir: Path) -> list[int]:

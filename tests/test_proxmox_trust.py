@@ -187,7 +187,7 @@ def test_publish_replaces_only_the_labs_own_templates(pve, pve_env, tmp_path):
     )
     foreign = plant_foreign(pve)
     b = backend(pve, pve_env, template=None)
-    b.publish_image(first)
+    b.publishing.publish(first)
     ours = [v for v in pve.vm_ids(include_templates=True) if v not in foreign and v != TEMPLATE_VMID]
     assert len(ours) == 1
     proc.run(["qemu-img", "create", "-q", "-f", "qcow2", path, "20M"])  # a new build
@@ -199,7 +199,7 @@ def test_publish_replaces_only_the_labs_own_templates(pve, pve_env, tmp_path):
         sha256=hashlib.sha256(path.read_bytes()).hexdigest(),
         manifest={"boot": ["kernel", "bios"]},
     )
-    backend(pve, pve_env, template=None).publish_image(second)
+    backend(pve, pve_env, template=None).publishing.publish(second)
     now = [v for v in pve.vm_ids(include_templates=True) if v not in foreign and v != TEMPLATE_VMID]
     assert len(now) == 1 and now != ours  # the lab's older one replaced ...
     del foreign[9102]  # ... and so is its older marked one of old-recipe (the lab published it)

@@ -111,22 +111,28 @@ def test_resume_refuses_changed_images(tmp_path):
         resumable(store, "r1", two, manifest)
 
 
+class _Warm:
+    def __init__(self, backend, snapshots):
+        self.backend, self.items = backend, snapshots
+
+    def snapshots(self):
+        return list(self.items)
+
+    def remove(self, item):
+        self.backend.removed.append(item.name)
+
+
 class _Remote:
     """A backend that cannot tell whether a run elsewhere is alive (like Proxmox or libvirt)."""
 
     name = "remote"
 
     def __init__(self, items, warm=()):
-        self.items, self.removed, self.warm = items, [], list(warm)
+        self.items, self.removed = items, []
+        self.warm = _Warm(self, list(warm))  # its WarmSnapshots part
 
     def list_owned(self):
         return self.items
-
-    def warm_snapshots(self):
-        return list(self.warm)
-
-    def remove_warm(self, item):
-        self.removed.append(item.name)
 
     def remove_owned(self, item):
         self.removed.append(item.name)

@@ -177,7 +177,7 @@ def store(tmp_path_factory) -> Store:
             lab_version="0.1.0",
             manifest=MANIFEST,
         )
-        s.add_host_facts(run, "local", f"fp-{run}", _host(kernel, mc))
+        s.host_facts.add(run, "local", f"fp-{run}", _host(kernel, mc))
         for idx, nic in enumerate(("virtio", "e1000"), start=1):
             cell = f"c{idx:02d}"
             s.add_cell(run, cell, idx, LABEL[nic], AXES[nic])

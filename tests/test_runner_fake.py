@@ -102,7 +102,7 @@ def test_nothing_measured_is_lost_when_a_cell_fails_midway(fake_lab):
     assert c.status == "failed" and c.stage == "workloads"
     kept = sorted(s.value for s in store.samples(rid) if s.cell_id == "c01" and s.metric == "ops_per_s")
     assert kept == [10.0, 20.0]  # repetitions 0 and 1 were committed before 2 failed
-    outcomes = [(e.repetition, e.outcome) for e in store.executions(rid) if e.cell_id == "c01"]
+    outcomes = [(e.repetition, e.outcome) for e in store.timings.executions(rid) if e.cell_id == "c01"]
     assert outcomes == [(-1, "ok"), (0, "ok"), (1, "ok"), (2, "failed")]
     assert cell(store, rid, "c02").status == "done"
 
@@ -150,7 +150,7 @@ def test_interleaved_rounds_follow_the_seed(fake_lab):
     assert again.run(rid2).manifest["rounds"] == rounds  # the same seed replays the same order
     # one boot per cell and round; measured repetitions in the rounds' order
     assert len(events("clone")) == 9
-    measured = [(e.round, e.cell_id) for e in store.executions(rid) if e.repetition >= 0]
+    measured = [(e.round, e.cell_id) for e in store.timings.executions(rid) if e.repetition >= 0]
     assert measured == [(i, c) for i, r in enumerate(rounds, start=1) for c in r]
     assert all(c.status == "done" for c in store.cells(rid))
     assert {(s.cell_id, s.labels["round"]) for s in store.samples(rid) if s.metric == "ops_per_s"} == {

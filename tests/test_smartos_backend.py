@@ -64,7 +64,7 @@ def host_fixture(tmp_path_factory):
     image = tiny_image(tmp_path_factory.mktemp("tiny"))
     try:
         with gz_network() as net, SmartosEmulator(workdir, net, backing="stub") as emu:
-            backend(emu).publish_image(image)
+            backend(emu).publishing.publish(image)
             emu.test_image = image
             yield emu
     finally:
@@ -214,7 +214,7 @@ def test_publish_made_one_tagged_image_and_left_nothing_else(smartos, image):
     assert smartos.vms() == {}, "the proto VM is deleted"
     assert list(smartos.gz.path("/var/tmp/x").parent.iterdir()) == [], "imgadm create's files are removed"
     installs = sum(c.startswith("imgadm install") for c in smartos.gz.commands)
-    backend(smartos).publish_image(image)  # again: nothing changes
+    backend(smartos).publishing.publish(image)  # again: nothing changes
     assert list(smartos.images()) == [manifest["uuid"]]
     assert sum(c.startswith("imgadm install") for c in smartos.gz.commands) == installs
     backend(smartos).check_images([image])
@@ -235,12 +235,12 @@ def test_a_new_build_replaces_the_published_image_once_unused(published, smartos
         )
 
     vm = published.clone(image, spec(image))
-    published.publish_image(build("6"))  # the older image has a clone: kept
+    published.publishing.publish(build("6"))  # the older image has a clone: kept
     assert sorted(m["tags"]["lab:sha256"][0] for m in smartos.images().values()) == ["5", "6"]
     published.destroy(vm)
-    published.publish_image(build("7"))  # both others are unused now: they go
+    published.publishing.publish(build("7"))  # both others are unused now: they go
     assert [m["tags"]["lab:sha256"][0] for m in smartos.images().values()] == ["7"]
-    published.publish_image(image)  # (the module's image back)
+    published.publishing.publish(image)  # (the module's image back)
     assert [m["tags"]["lab:sha256"] for m in smartos.images().values()] == [image.sha256]
 
 
@@ -370,7 +370,7 @@ def test_reads_survive_one_dropped_connection(published, smartos, image):
     assert published.wait_ready(vm)
     smartos.faults.drop_ssh("vmadm lookup", when="before", times=2)
     with pytest.raises(ConnectionLost):
-        published._get(vm.handle["uuid"])
+        published.machines.get(vm.handle["uuid"])
     published.destroy(vm)
 
 

@@ -13,8 +13,9 @@ from smartos_emulator.schema import Host, validate_create
 from lab.backends import backend_class, capabilities, settings_model
 from lab.backends.base import check_spec
 from lab.backends.smartos import payload
-from lab.backends.smartos.backend import illumos_arp_address, nic_tags
+from lab.backends.smartos.backend import nic_tags
 from lab.backends.smartos.settings import Settings
+from lab.backends.smartos.vms import illumos_arp_address
 from lab.errors import SettingError
 from lab.model import CloneKind, DiskBus, ImageRef, NicModel, VmSpec
 

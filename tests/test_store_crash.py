@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from lab import runner
+from lab import runner, workloads
 from lab.errors import LabError
 from lab.model import RawOutput, Sample
 from lab.store import Store, StoreError
@@ -36,11 +36,11 @@ if not store.runs():
     store.add_cell(run, "c01", 1, "c01", {{}})
 rep = store.db.execute("SELECT COALESCE(MAX(repetition) + 1, 0) FROM raw_outputs").fetchone()[0]
 while True:
-    eid = store.start_execution(run, "c01", 1, "sysbench-cpu", rep)
+    eid = store.timings.start_execution(run, "c01", 1, "sysbench-cpu", rep)
     raw_id = store.add_raw(run, "c01", rep, RawOutput("sysbench-cpu", "sysbench", "x" * 4000))
     store.add_samples(run, "c01", raw_id, "sysbench-cpu", rep,
                       [Sample(f"m{{i}}", rep + i / 10, "1/s", True, {{"repetition": rep}}) for i in range({METRICS})])
-    store.finish_execution(eid, "ok", raw_id=raw_id)
+    store.timings.finish_execution(eid, "ok", raw_id=raw_id)
     sys.stdout.write(f"ok {{rep}}\\n")
     sys.stdout.flush()
     rep += 1
@@ -121,7 +121,8 @@ def test_reparse_replaces_samples_in_one_transaction(tmp_path, monkeypatch):
         def parse(raw):
             return [Sample("new", float(len(raw.stdout)), "u", True), Sample("new2", 2.0, "u", True)]
 
-    monkeypatch.setattr(runner.measure, "load_all", lambda: {"w": Parser})
+    monkeypatch.setattr(workloads, "names", lambda: ["w"])
+    monkeypatch.setattr(workloads, "get", lambda name: Parser)
     for rep in range(3):
         raw_id = store.add_raw("r", "c01", rep, RawOutput("w", "cmd", "out" * (rep + 1)))
         store.add_samples("r", "c01", raw_id, "w", rep, [Sample("old", 1.0, "u", True)])

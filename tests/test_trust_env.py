@@ -149,7 +149,7 @@ def test_a_run_refused_as_a_host_opens_records_nothing(fake_lab, monkeypatch):
     s = Store(fake_lab.dir / "results")
     try:
         assert [r.id for r in s.runs()] == ["before"]
-        assert s.cells("refused") == [] and s.host_facts("refused") == {}
+        assert s.cells("refused") == [] and s.host_facts.of_run("refused") == {}
     finally:
         s.close()
     assert db.exists()

@@ -187,12 +187,12 @@ def test_box_is_the_build_and_publish_adds_it_versioned_by_digest(vg, golden):
     with pytest.raises(lab.errors.UsageError, match="no box lab/debian12"):
         backend.check_images([golden])
     t0 = time.monotonic()
-    where = backend.publish_image(golden)
+    where = backend.publishing.publish(golden)
     added_s = time.monotonic() - t0
     assert where == f"lab/debian12 {box.box_version(golden.digest, golden.sha256)}"
     assert ("lab/debian12", "libvirt", box.box_version(golden.digest, golden.sha256)) in vg["vagrant"].boxes()
     t0 = time.monotonic()
-    assert backend.publish_image(golden) == where  # the same build again: nothing to add
+    assert backend.publishing.publish(golden) == where  # the same build again: nothing to add
     again_s = time.monotonic() - t0
     backend.check_images([golden])
     (line,) = backend.describe_images([golden])
@@ -210,7 +210,7 @@ def test_box_is_the_build_and_publish_adds_it_versioned_by_digest(vg, golden):
 @pytest.fixture(scope="module")
 def vagrant_run(vg, tmp_path_factory):
     """`lab run` of one cell on the vagrant host (the box published first)."""
-    VagrantBackend("vg", vg["settings"]).publish_image(lab.images.load("debian12"))
+    VagrantBackend("vg", vg["settings"]).publishing.publish(lab.images.load("debian12"))
     tmp_path = tmp_path_factory.mktemp("vagrant-run")
     cfg = write_lab(tmp_path, vg, '["sysbench-cpu", "iperf3-tcp"]')
     run_id = f"vg{secrets.token_hex(3)}"
@@ -313,7 +313,7 @@ def test_reproduced_cell_boots_and_passes_the_same_verification(vg, vagrant_run)
 
 
 def test_gc_removes_a_killed_runs_machine(vg, tmp_path):
-    VagrantBackend("vg", vg["settings"]).publish_image(lab.images.load("debian12"))
+    VagrantBackend("vg", vg["settings"]).publishing.publish(lab.images.load("debian12"))
     cfg = write_lab(tmp_path, vg, '["sysbench-cpu"]')
     run_id = f"kill{secrets.token_hex(3)}"
     name = f"lab-{run_id}-c01"

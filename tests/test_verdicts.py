@@ -308,7 +308,7 @@ def runs(tmp_path_factory):
 
 def sides_of(store: Store, run: str, a: str, b: str):
     r = store.run(run)
-    cells, samples, hosts = store.cells(r.id), store.samples(r.id), store.host_facts(r.id)
+    cells, samples, hosts = store.cells(r.id), store.samples(r.id), store.host_facts.of_run(r.id)
     noise = analysis.noise_floor(results.series(samples, cells), seed=r.seed or 0)
     pick = [analysis.side(r.id, r.seed, cells, samples, hosts, analysis.parse_selector([s])) for s in (a, b)]
     return analysis.compare_sides(pick[0], pick[1], noise=noise, everything=True, n_resamples=R)

@@ -132,12 +132,12 @@ def test_two_warm_cells_of_one_snapshot_are_two_machines(warm_run, golden):
         x for x in leftovers(backend.workdir, run_id) if x not in (f"netns {client.netns}", f"file {client.netns}.lock")
     ] == []
     assert proc.run(["ip", "-n", client.netns, "-o", "link", "show", "type", "tun"]).stdout.strip() == ""
-    assert [s.name for s in backend.warm_snapshots()] == [first.facts["warm_snapshot"]]  # it stays
+    assert [s.name for s in backend.warm.snapshots()] == [first.facts["warm_snapshot"]]  # it stays
 
 
 def test_another_machine_shape_builds_its_own_snapshot(warm_run, golden):
     backend, run_id, client = warm_run
-    before = {s.name for s in backend.warm_snapshots()}
+    before = {s.name for s in backend.warm.snapshots()}
     vm = up(backend, golden, warm_spec(golden, run_id, "c03", memory=768))
     try:
         assert vm.facts["start"] == "warm" and vm.facts["warm_snapshot"] not in before
@@ -147,11 +147,11 @@ def test_another_machine_shape_builds_its_own_snapshot(warm_run, golden):
             verify(guest, facts("debian"), vm.spec)  # the guest sees 768 MiB, not the other snapshot's 1 GiB
     finally:
         backend.destroy(vm)
-    assert {s.name for s in backend.warm_snapshots()} == before | {vm.facts["warm_snapshot"]}
+    assert {s.name for s in backend.warm.snapshots()} == before | {vm.facts["warm_snapshot"]}
 
 
 def snapshot_named(backend, memory: int) -> Path:
-    (snap,) = [s for s in backend.warm_snapshots() if f"c{memory}m-" in s.name]
+    (snap,) = [s for s in backend.warm.snapshots() if f"c{memory}m-" in s.name]
     return backend.workdir / "warm" / snap.name
 
 
@@ -259,7 +259,7 @@ def test_killed_mid_build_and_after_restore_then_gc_keeps_only_the_snapshot(gold
         assert any(f"lab-{run_id}-w" in x for x in leftovers(workdir, run_id))
         gc(run_id)
         backend = local.LocalBackend("local", local.Settings(backend="local", workdir=str(workdir)))
-        assert backend.warm_snapshots() == []  # nothing half-made in the store
+        assert backend.warm.snapshots() == []  # nothing half-made in the store
         # 2. killed with a warm cell running: gc takes the cell, the snapshot stays (no run owns it)
         p, run_id = maker()
         try:
@@ -269,7 +269,7 @@ def test_killed_mid_build_and_after_restore_then_gc_keeps_only_the_snapshot(gold
             kill(p)
         assert leftovers(workdir, run_id)
         gc(run_id)
-        (snap,) = backend.warm_snapshots()
+        (snap,) = backend.warm.snapshots()
         assert snap.name.startswith("debian12-e1000-virtio-1c512m-") and snap.detail == golden.sha256
         assert (workdir / "warm" / snap.name / warm.STATE).is_file()
     finally:

@@ -242,11 +242,11 @@ def test_snapshots_are_listed_for_images_ls_and_gc_but_are_no_runs_leftovers(tmp
     fake_snapshot(store, key)
     (store.root / f"{key.name}.lock").touch()
     (store.root / "half-moved.tmp").mkdir()  # a build killed while moving files in: not a snapshot
-    (owned,) = backend.warm_snapshots()
+    (owned,) = backend.warm.snapshots()
     assert (owned.kind, owned.name, owned.run_id, owned.detail) == ("warm", key.name, "", "artifact")
     assert backend.list_owned() == []  # gc of runs never sees them
-    backend.remove_warm(owned)
-    assert backend.warm_snapshots() == [] and not store.path(key).exists()
+    backend.warm.remove(owned)
+    assert backend.warm.snapshots() == [] and not store.path(key).exists()
 
 
 # -- the guest agent's protocol --------------------------------------------------------------------------------

@@ -9,8 +9,11 @@
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 import shlex
 import socket
+import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -18,10 +21,10 @@ from pathlib import Path
 
 import pytest
 
-from lab import proc
+from lab import proc, workloads
 from lab.errors import LabError, UsageError
 from lab.wait import wait_until
-from lab.workloads import WORKLOADS, WorkloadContext, cpu, http, iperf3, load_all, sysbench, toolkit
+from lab.workloads import WorkloadContext, cpu, http, iperf3, load_all, sysbench, toolkit
 
 DATA = Path(__file__).parent / "data"
 
@@ -71,24 +74,61 @@ def ctx(workload_params=None, *, guest=None, client=None, os="debian", vcpus=2, 
     )
 
 
-def test_registry_names():
-    load_all()
-    for name in ("sysbench-cpu", "sysbench-memory", "iperf3-tcp", "iperf3-udp", "http", "https"):
-        assert WORKLOADS[name].name == name
-        assert isinstance(WORKLOADS[name].defaults, dict)
+def test_the_registry_names_each_workload_and_the_module_that_registers_it():
+    """REGISTRY is the one list: each name loads from its module, and no module of the package
+    registers a workload the registry lacks (the toolkit modules register none)."""
+    for name, module in workloads.REGISTRY.items():
+        wl = workloads.get(name)
+        assert wl.name == name and type(wl).__module__ == module
+    registered = set()
+    for mod in pkgutil.iter_modules(workloads.__path__):
+        loaded = importlib.import_module(f"lab.workloads.{mod.name}")
+        registered |= {v.name for v in vars(loaded).values() if isinstance(v, workloads.Workload)}
+    assert registered == set(workloads.REGISTRY)
+    with pytest.raises(UsageError, match="unknown workload 'nope'; known: bulk-http, container-start"):
+        workloads.get("nope")
 
 
-def test_every_registered_workload_has_the_whole_seam():
-    # The Workload protocol (params, prepare, run, parse, name, defaults), which the config and
-    # the runner call without asking; the toolkit modules register nothing.
-    for name, wl in load_all().items():
-        assert wl.name == name and isinstance(wl.defaults, dict)
-        for method in ("params", "prepare", "run", "parse"):
-            assert callable(getattr(wl, method)), (name, method)
-    assert not any(
-        type(wl).__module__.rsplit(".", 1)[-1] in ("cpu", "toolkit", "containers", "gitrepo")
-        for wl in WORKLOADS.values()
+def test_importing_the_seam_imports_no_workload():
+    """The registry is plain: nothing imports every module of the package; a workload's module
+    loads when its name is first asked for."""
+    code = (
+        "import sys, lab.workloads as w; before = sorted(m for m in sys.modules if m.startswith('lab.workloads.'));"
+        "w.get('idle'); after = sorted(m for m in sys.modules if m.startswith('lab.workloads.'));"
+        "print(before, 'lab.workloads.idle' in after, 'lab.workloads.git_clone' in after)"
     )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["[]", "True", "False"]
+
+
+def test_every_workload_declares_its_traits():
+    """What the runner, the plan and the docs read of a workload is declared: every parameter with
+    a one-line meaning, headline metrics, and defaults its own checks accept."""
+    for name, wl in load_all().items():
+        t = wl.traits
+        assert isinstance(t, workloads.Traits) and t.summary and "\n" not in t.summary, name
+        keys = [p.name for p in t.params]
+        assert len(set(keys)) == len(keys) and wl.defaults == {p.name: p.default for p in t.params}, name
+        for p in t.params:
+            assert p.meaning and "\n" not in p.meaning and len(p.meaning) <= 110, (name, p.name)
+        pm = t.primary_metrics
+        assert isinstance(pm, workloads.PrimaryMetrics) and pm.patterns, name
+        assert all(isinstance(m, str) and m for m in pm.patterns) and set(pm.per) <= set(keys), name
+        assert wl.params(ctx(workload_params=wl.defaults)) is not None, name
+        assert wl.estimate_seconds(wl.params(ctx(workload_params=wl.defaults))) > 0, name
+    net = {n for n, wl in load_all().items() if wl.traits.network}
+    assert net == {"iperf3-tcp", "iperf3-udp", "http", "https", "bulk-http", "scp", "git-clone", "podman-build", "ping"}
+    assert {n for n, wl in load_all().items() if wl.traits.client_files} == {"scp", "git-clone", "podman-build"}
+    assert {n for n, wl in load_all().items() if wl.traits.serves_web} == {"http", "https"}
+
+
+def test_own_containers_comes_from_the_declared_traits():
+    get = workloads.get
+    assert get("podman-build").own_containers({}) == "it starts containers itself"
+    clone = get("git-clone")
+    assert clone.own_containers({"network": ["guest", "host"]}) == "its network places are containers of its own"
+    assert clone.own_containers({"network": "guest"}) == ""
+    assert get("http").own_containers({"network": ["default"]}) == ""  # declares no places
 
 
 # ---------------------------------------------------------------------------------------------

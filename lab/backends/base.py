@@ -1,8 +1,13 @@
 """The Backend seam: make and remove machines, stop at an SSH address.
 
-Everything the runner, gc, the CLI and the report ask of a hypervisor is a method here, and every
-backend implements all of it: where a backend cannot do something it says so by raising
-NotSupported (a UsageError: one line, exit status 2), never by lacking the method.
+A backend is a small core every host has (check it, a run's set-up, clone / start / wait_ready /
+destroy, list and remove what is the lab's) and optional parts, each an object of its own that a
+backend makes only where its capabilities declare it: `publishing` (`lab images publish`,
+Capabilities.publish), `warm` (warm start's snapshots, Capabilities.snapshots), `bare_metal` (the
+host itself as a cell, Capabilities.bare_metal) and `load_meter` (the host's CPU under each
+repetition, Capabilities.host_load). A part a host lacks is None; asking for it is NotSupported (a
+UsageError: one line, exit status 2, `Backend.lacks`). A host's own way of making a machine (a
+SmartOS host's zones) is a part of its package, used by its core.
 
 A backend is a package `lab/backends/<name>/` with
 - `settings.py`: its typed, frozen `HostSettings` model (the `[hosts.NAME]` table of lab.toml)
@@ -18,18 +23,16 @@ import abc
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from lab import clients, images, paths
 from lab.backends import fields
 from lab.errors import SettingError, UsageError
-from lab.hostload import LoadWindow, UnknownWindow
+from lab.guest import Guest, Machine
+from lab.hostload import LoadWindow
 from lab.model import MADE_BY_HOST, Client, CloneKind, DiskBus, ImageRef, Isolation, NicModel, Owned, Vm, VmSpec
-
-if TYPE_CHECKING:
-    from lab.guest import Guest
 
 
 class HostSettings(BaseModel):
@@ -38,31 +41,60 @@ class HostSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=False)
 
-    backend: str
+    backend: str = Field(description="which backend drives this host: local, libvirt, proxmox, smartos or vagrant")
     # Measured VMs of the lab up at once on this host (lab.runner.lanes: one lane per slot). 1, the
     # default: one at a time, so the lab's VMs never disturb each other's figures; more trades that
     # for time, up to what the backend runs at once (Capabilities.max_slots; lab.config checks).
-    slots: int = Field(default=1, ge=1, le=64)
+    slots: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description=(
+            "measured VMs of the lab up at once on this host (or node): a lane per slot; 1 keeps the lab's VMs from "
+            "disturbing each other"
+        ),
+    )
     # Where this host's load generators (iperf3, wrk, curl) run: "local", this machine (network
     # measurements of different lanes take turns on it); "vm", a VM the run clones on this host
     # from the golden image of its first cell, on its cells' network, destroyed with the run
     # (lab.runner.clientvm): the figures are the guest's NIC and the host's bridge, not the path
     # from this machine to the host; or "ssh:USER@MACHINE", a machine of the user's reached over
     # SSH (lab.runner.clientssh): hosts naming the same machine take turns on it.
-    client: str = "local"
-    client_vcpus: int = Field(default=2, ge=1, le=64)  # of the client VM (client = "vm")
-    client_memory_mib: int = Field(default=1024, ge=256, le=1024 * 1024)
+    client: str = Field(
+        default="local",
+        description=(
+            'where this host\'s load generators run: "local" (this machine), "vm" (a client VM on the host) or '
+            '"ssh:USER@MACHINE" (a Linux machine of yours)'
+        ),
+    )
+    client_vcpus: int = Field(default=2, ge=1, le=64, description='vCPUs of the client VM (client = "vm")')
+    client_memory_mib: int = Field(
+        default=1024, ge=256, le=1024 * 1024, description='memory of the client VM, MiB (client = "vm")'
+    )
     # client = "ssh:...": its SSH port, the private key (empty: ssh's own choice, agent or
     # ~/.ssh/id_*), the known_hosts file its host key is checked against (strictly: an unknown
     # key is refused, as TLS is verified), and its address as the cells' guests reach it (empty:
     # MACHINE itself).
-    client_port: int = Field(default=22, ge=1, le=65535)
-    client_identity: str = ""
-    client_known_hosts: str = "~/.ssh/known_hosts"
-    client_machine_address: str = ""
+    client_port: int = Field(default=22, ge=1, le=65535, description='client = "ssh:...": its SSH port')
+    client_identity: str = Field(
+        default="",
+        description=(
+            'client = "ssh:...": the private key to log in with (empty: ssh\'s own choice, agent or ~/.ssh/id_*)'
+        ),
+    )
+    client_known_hosts: str = Field(
+        default="~/.ssh/known_hosts",
+        description='client = "ssh:...": the known_hosts file its host key is checked against, strictly',
+    )
+    client_machine_address: str = Field(
+        default="",
+        description='client = "ssh:...": the machine\'s address as the guests reach it (empty: MACHINE itself)',
+    )
     # Seconds the runner waits for a guest's SSH login (a cell's VM, the client VM) once the
     # backend says it is ready: its sshd may still be starting, or its network still coming up.
-    ssh_timeout: float = Field(default=90.0, gt=0, le=3600)
+    ssh_timeout: float = Field(
+        default=90.0, gt=0, le=3600, description="seconds a guest's SSH login may take once the backend calls it ready"
+    )
 
     @field_validator("client")
     @classmethod
@@ -152,10 +184,11 @@ class Capabilities:
     boot_modes: frozenset[str] = frozenset({"kernel"})  # of an image's manifest "boot": kernel, bios, uefi
     max_vcpus: int = 128
     max_memory_mib: int = 1024 * 1024
-    snapshots: bool = False  # memory snapshots (warm start)
-    bare_metal: bool = False  # can run the suite on the host itself (the baseline cell)
+    snapshots: bool = False  # memory snapshots (warm start): Backend.warm
+    bare_metal: bool = False  # can run the suite on the host itself (the baseline cell): Backend.bare_metal
     lab_side_link: bool = False  # the lab reaches the VM's link on the host: netem can go there
-    publish: bool = True  # `lab images publish NAME HOST`
+    publish: bool = True  # `lab images publish`: Backend.publishing
+    host_load: bool = False  # tells how busy the host was under each repetition: Backend.load_meter
     # the host is the machine the lab runs on: a run waits for it to be quiet before each
     # repetition unless told otherwise ([suite] quiet_host)
     local_host: bool = False
@@ -197,14 +230,59 @@ class Link:
     netns: str | None = None  # the namespace the device lives in
 
 
+class Publishing(Protocol):
+    """`lab images publish NAME HOST`: put a built image on the host."""
+
+    def publish(self, image: ImageRef) -> str:
+        """Returns where it went."""
+        ...
+
+
+class WarmSnapshots(Protocol):
+    """The post-boot memory snapshots a host keeps for warm start (a spec with start = "warm" is
+    cloned from the one of its machine shape; clone/start/wait_ready do it and record in
+    vm.facts["start"] what really happened: "warm", or "cold: <why the restore failed>")."""
+
+    def snapshots(self) -> list[Owned]:
+        """The snapshots this host keeps (kind "warm", name = the shape key, detail = image digest)."""
+        ...
+
+    def remove(self, item: Owned) -> None:
+        """Remove one snapshot (its image is gone, or it is stale)."""
+        ...
+
+
+class LoadMeter(Protocol):
+    """The host's CPU under a repetition (lab.hostload)."""
+
+    def window(self, vms: Sequence[Vm]) -> LoadWindow:
+        """Start a window over the host's CPU: its `stop()` says how much CPU anything that is not
+        the lab used meanwhile (`vms`: the run's machines that are up, whose CPU is the lab's), and
+        the CPU steal where the host reports it. Over cumulative counters a backend returns
+        `CounterWindow(read)`, over rates `PollingWindow(poll)`."""
+        ...
+
+
+class BareMetalCells(Protocol):
+    """The host itself set up as a cell."""
+
+    def make(self, run_id: str, cell_id: str, index: int, expires_at: float, client: Client) -> BareMetalHost:
+        """`index` numbers the bare-metal cells of the run from 1. On failure nothing is left."""
+        ...
+
+
 class BareMetalHost(Protocol):
-    """The host itself set up as a cell (Backend.bare_metal): its own namespace on the run's bridge
+    """The host itself set up as a cell (BareMetalCells.make): its own namespace on the run's bridge
     and its own CPU accounting. destroy(vm) removes it like a VM."""
 
     vm: Vm  # what Backend.destroy tears down
-    guest: Any  # runs the cell's commands on the host, inside the cell's namespace and accounting
     address: str  # the cell's address on the run's bridge
     facts: dict[str, Any]
+
+    @property
+    def guest(self) -> Machine:
+        """Runs the cell's commands on the host, inside the cell's namespace and accounting."""
+        ...
 
     def describe(self) -> dict[str, Any]:
         """What the cell runs on (its `verify`): vcpus, mem_kib, kernel, nic_driver."""
@@ -243,6 +321,12 @@ class PlainClient:
 class Backend(abc.ABC):
     name: ClassVar[str]  # registry key, e.g. "local"
     settings_model: ClassVar[type[HostSettings]]
+    # The optional parts (see the module's docstring), made in __init__ where the capabilities
+    # declare them (tests/test_seams.py keeps the two agreeing); None where the host has none.
+    publishing: Publishing | None = None
+    warm: WarmSnapshots | None = None
+    load_meter: LoadMeter | None = None
+    bare_metal: BareMetalCells | None = None
 
     def __init__(self, host_name: str, settings: HostSettings, env: BackendEnv | None = None):
         self.host_name = host_name
@@ -295,18 +379,9 @@ class Backend(abc.ABC):
         default is the backend's facts alone."""
         return {}
 
-    def host_load(self, vms: Sequence[Vm]) -> LoadWindow:
-        """Start a window over the host's CPU (lab.hostload): its `stop()` says how much CPU
-        anything that is not the lab used meanwhile (`vms`: the run's machines that are up, whose
-        CPU is the lab's), and the CPU steal where the host reports it. Over cumulative counters a
-        backend returns `CounterWindow(read)`, over rates `PollingWindow(poll)`. The default
-        cannot tell."""
-        return UnknownWindow(f"host {self.host_name!r} ({self.name} backend) does not report its CPU load")
-
-    # -- images ---------------------------------------------------------------------------------------
-    def publish_image(self, image: ImageRef) -> str:
-        """Put a built image on the host (`lab images publish`); returns where it went."""
-        raise NotSupported(f"host {self.host_name!r} ({self.name} backend) cannot publish images")
+    def lacks(self, what: str) -> NotSupported:
+        """The error of asking this host for a part it has not got ("cannot publish images")."""
+        return NotSupported(f"host {self.host_name!r} ({self.name} backend) {what}")
 
     # -- per run ----------------------------------------------------------------------------------------
     @abc.abstractmethod
@@ -361,8 +436,6 @@ class Backend(abc.ABC):
 
     def guest(self, vm: Vm, client: Client) -> Guest:
         """An SSH connection to the VM's guest, made the way this host's guests are reached."""
-        from lab.guest import Guest
-
         return Guest(
             vm.address,
             key=self.env.ssh_key,
@@ -376,24 +449,6 @@ class Backend(abc.ABC):
         """The known_hosts lines the guest's host keys are checked against: the image's, which every
         clone of it carries (lab.images.hostkeys)."""
         return images.known_hosts(vm.spec.image, [vm.address])
-
-    # -- warm start ----------------------------------------------------------------------------------------
-    # A spec with start = "warm" is cloned from a post-boot memory snapshot of its machine shape
-    # (capabilities().snapshots); clone/start/wait_ready do it and record in vm.facts["start"] what
-    # really happened ("warm", or "cold: <why the restore failed>"). The snapshots are the backend's.
-    def warm_snapshots(self) -> list[Owned]:
-        """The warm snapshots this host keeps (kind "warm", name = the shape key, detail = image digest)."""
-        return []
-
-    def remove_warm(self, item: Owned) -> None:
-        """Remove one warm snapshot (its image is gone, or it is stale)."""
-        raise NotSupported(f"host {self.host_name!r} ({self.name} backend) keeps no warm snapshots")
-
-    # -- bare metal ---------------------------------------------------------------------------------------
-    def bare_metal(self, run_id: str, cell_id: str, index: int, expires_at: float, client: Client) -> BareMetalHost:
-        """Set up the host itself as a cell (capabilities().bare_metal); `index` numbers the
-        bare-metal cells of the run from 1. On failure nothing is left."""
-        raise NotSupported(f"host {self.host_name!r} ({self.name} backend) cannot run a bare-metal cell")
 
     # -- garbage collection ---------------------------------------------------------------------------------
     @abc.abstractmethod

@@ -79,7 +79,7 @@ def _margin_pct(value: float) -> float:
 @click.option("--all", "everything", is_flag=True, help="every metric (CPU breakdowns, zero error counters)")
 @config_option
 @results_option
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="the comparison as JSON (shape lab.compare/2)")
 def compare_cmd(run_a, run_b, sel_a, sel_b, baseline, margin, everything, config_path, results_dir, as_json):
     """Two runs, two hosts or any two cell selections side by side: ratio of medians (B/A) with
     its 95 % CI, Mann-Whitney p and, for each workload's primary metrics, q (corrected together)
@@ -102,7 +102,9 @@ def compare_cmd(run_a, run_b, sel_a, sel_b, baseline, margin, everything, config
     sides = []
     for r, sel, opt in ((ra, sel_a, "--a"), (rb, sel_b, "--b")):
         selector = analysis.parse_selector(sel, opt)
-        sd = analysis.side(r.id, r.seed, store.cells(r.id), store.samples(r.id), store.host_facts(r.id), selector)
+        sd = analysis.side(
+            r.id, r.seed, store.cells(r.id), store.samples(r.id), store.host_facts.of_run(r.id), selector
+        )
         if not sd.cells:
             raise UsageError(
                 f"{opt} {','.join(sel)}: no cell of run {r.id} matches"

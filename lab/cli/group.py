@@ -17,9 +17,8 @@ import click
 
 from lab import __version__, config, proc, redact
 from lab.cli.printing import err, line
-from lab.errors import LabError, UsageError
+from lab.errors import Interrupted, LabError, UsageError
 from lab.labconfig import LabConfig
-from lab.lifecycle import Interrupted
 from lab.store import Store
 
 config_option = click.option(

@@ -71,7 +71,7 @@ def short_version(line: str) -> str:
 
 
 @images_cmd.command("ls")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="the images as JSON (shape lab.images/1)")
 @click.option("--warm", is_flag=True, help='list the warm snapshots (start = "warm") each host of lab.toml keeps')
 @config_option
 def images_ls(as_json, warm, config_path):
@@ -110,7 +110,7 @@ def _warm_ls(config_path: str, as_json: bool) -> None:
     found: list[dict[str, Any]] = []
     keeping = sorted(h for h, s in cfg.hosts.items() if backends.capabilities(s).snapshots)
     for host, backend in sorted(cfg.open_backends(set(keeping)).items()):
-        for snap in backend.warm_snapshots():
+        for snap in backend.warm.snapshots() if backend.warm else []:
             found.append(
                 {
                     "host": host,
@@ -181,7 +181,9 @@ def images_publish(name, host, config_path):
     require_host(cfg, config_path, host)
     ref = images.load(name)
     backend = cfg.open_backends({host})[host]
-    where = backend.publish_image(ref)
+    if backend.publishing is None:
+        raise backend.lacks("cannot publish images")
+    where = backend.publishing.publish(ref)
     say(f"{name} ({ref.sha256[:12]}) published on {host}: {where}", soft_wrap=True)
 
 

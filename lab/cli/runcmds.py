@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -26,6 +27,7 @@ from lab import (
     stats,
     verdicts,
     wan,
+    workloads,
 )
 from lab.cli import shapes
 from lab.cli.group import (
@@ -46,7 +48,6 @@ from lab.errors import LabError, UsageError
 from lab.labconfig import LabConfig
 from lab.model import Isolation
 from lab.store import Store, StoreError
-from lab.workloads import load_all
 
 
 def _axis_text(a: axes.Axis, c: plan.Unit) -> str:
@@ -84,7 +85,7 @@ def plan_cmd(config_path, check_hosts, as_json):
     if as_json:
         shapes.emit(
             "plan",
-            shapes.plan_document(
+            plan_document(
                 cfg,
                 units,
                 dups,
@@ -92,7 +93,7 @@ def plan_cmd(config_path, check_hosts, as_json):
                 boots=boots,
                 backends=kinds,
                 est=est,
-                verdicts=reach,
+                reach=reach,
                 host_watch=watch,
                 images=checked,
             ),
@@ -218,7 +219,7 @@ def say_lanes(cfg: LabConfig, units: list[plan.Unit], dups: dict[str, str], est:
     for host, seconds in est.lanes.items():
         what = f"{count.get(host, 0)} cells{lanes_at(cfg, host, at[host])}"
         say(f"  lane {host}: {what}, {duration(seconds)}", soft_wrap=True)
-    network = [w for w in cfg.suite.workloads if getattr(load_all()[w], "network", False)]
+    network = [w for w in cfg.suite.workloads if workloads.get(w).traits.network]
     sharing: dict[str, list[str]] = {}
     for h in est.lanes:
         sharing.setdefault(clients.turn_key(h, cfg.hosts[h].client), []).append(h)
@@ -378,7 +379,7 @@ def gc_cmd(config_path, dry_run, force, as_json):
     """Destroy anything a crashed or killed run left behind (VMs, disks, taps, namespaces)."""
     report = gc.collect(load_or_default(config_path), dry_run=dry_run, force=force)
     if as_json:
-        shapes.emit("gc", shapes.gc_document(report, dry_run))
+        shapes.emit("gc", gc_document(report, dry_run))
         if report.errors:  # each error is in the document; one line here says so
             err.print(f'gc: {len(report.errors)} errors (see "errors"): {report.errors[0]}')
             sys.exit(1)
@@ -408,7 +409,7 @@ def doctor_cmd(config_path, as_json):
     """Check prerequisites: QEMU, KVM usable or not, Packer, netns rights, disk space, images."""
     checks = doctor.run_checks(config_path)
     if as_json:
-        shapes.emit("doctor", shapes.doctor_document(checks, doctor.probed_accel()))
+        shapes.emit("doctor", doctor_document(checks, doctor.probed_accel()))
     else:
         t = table(("check", "status", "detail"), title_justify="center")
         for c in checks:
@@ -425,7 +426,7 @@ def doctor_cmd(config_path, as_json):
 @click.argument("host", default="local")
 @config_option
 @results_option
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="the fingerprint as JSON (shape lab.snapshot/1)")
 def snapshot_cmd(host, config_path, results_dir, as_json):
     """Fingerprint of a host (CPU, microcode, cores, governor, mitigations, kernel, hypervisor and
     tool versions, NIC drivers, bridge MTUs), stored with the results; runs on the host link to it."""
@@ -436,8 +437,8 @@ def snapshot_cmd(host, config_path, results_dir, as_json):
         facts = hostinfo.snapshot(host, backend)
     fp = hostinfo.fingerprint(facts)
     store = new_store(cfg, Path(results_dir) if results_dir else None)
-    fid = store.save_host_facts(host, fp, facts)
-    runs = store.runs_of_host_facts(fid)
+    fid = store.host_facts.save(host, fp, facts)
+    runs = store.host_facts.runs_of(fid)
     if as_json:  # the facts at the top level, as `lab snapshot` has always printed them
         shapes.emit("snapshot", {**dict(sorted(facts.items())), "fingerprint": fp, "stored_id": fid, "runs": runs})
         return
@@ -450,3 +451,66 @@ def snapshot_cmd(host, config_path, results_dir, as_json):
         f"{', '.join(runs) if runs else 'none yet'}",
         soft_wrap=True,
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# The --json documents of plan, doctor and gc (their shapes: lab.cli.shapes)
+
+
+def plan_document(
+    cfg: LabConfig,
+    units: list[plan.Unit],
+    dups: dict[str, str],
+    *,
+    vms: int,
+    boots: int,
+    backends: list[str],
+    est: estimate.Estimate,
+    reach: tuple[bool, str, str, dict[str, Any]],
+    host_watch: dict[str, str],
+    images: list[str] | None,
+) -> dict[str, Any]:
+    suite = cfg.suite
+    cells = [
+        {"id": u.id, "label": u.label, "kind": u.kind, "host": u.host, "axes": u.axes(), "duplicate_of": dups.get(u.id)}
+        for u in units
+    ]
+    return {
+        "lab": cfg.lab.name,
+        "cells": cells,
+        "creates": {"vms": vms, "boots_per_cell": boots, "backends": backends, "bare_metal": suite.bare_metal},
+        "suite": {
+            "workloads": list(suite.workloads),
+            "repetitions": suite.repetitions,
+            "max_repetitions": suite.max_repetitions if suite.target_ci_pct is not None else suite.repetitions,
+            "target_ci_pct": suite.target_ci_pct,
+            "warmup": suite.warmup,
+            "order": suite.order,
+            "seed": suite.seed,
+        },
+        "estimate": {**est.as_dict(), "at_least": suite.target_ci_pct is not None},
+        "verdicts": {"reachable": reach[0], "text": reach[1], "setting": reach[2], **reach[3]},
+        "host_watch": host_watch,
+        "checked": images is not None,
+        "images": images or [],
+    }
+
+
+def doctor_document(checks: list[doctor.Check], accel: str | None) -> dict[str, Any]:
+    return {
+        "ok": not any(c.status == "fail" for c in checks),
+        "accel": accel,
+        "checks": [{"name": c.name, "status": c.status, "ok": c.status != "fail", "detail": c.detail} for c in checks],
+    }
+
+
+def gc_document(report: gc.GcReport, dry_run: bool) -> dict[str, Any]:
+    return {
+        "dry_run": dry_run,
+        "ok": not report.errors,
+        "removed": report.removed,
+        "kept": report.kept,
+        "items": [i.__dict__ for i in report.items],
+        "marked_failed": report.marked_failed,
+        "errors": report.errors,
+    }

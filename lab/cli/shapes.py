@@ -1,6 +1,6 @@
 """The `--json` documents: one shape per command, its name and version defined here only (the
-documents of ls, plan, doctor and gc are built here too; show, compare, snapshot and images ls
-build theirs beside their tables and emit them through here).
+document of ls is built here too; plan, doctor and gc build theirs in lab.cli.runcmds, show,
+compare, snapshot and images ls beside their tables, and all emit them through here).
 
 Each document is one JSON object on stdout whose first key, "schema", names its shape and version
 ("lab.plan/1"). A version changes only when a key is removed or changes meaning; new keys may be
@@ -17,11 +17,6 @@ from typing import Any
 
 import click
 
-from lab import plan
-from lab.doctor import Check
-from lab.estimate import Estimate
-from lab.gc import GcReport
-from lab.labconfig import LabConfig
 from lab.store import Store
 
 VERSIONS = {
@@ -73,62 +68,3 @@ def ls_document(where: Path, store: Store | None) -> dict[str, Any]:
             }
         )
     return {"results": str(where.resolve()), "runs": runs}
-
-
-def plan_document(
-    cfg: LabConfig,
-    units: list[plan.Unit],
-    dups: dict[str, str],
-    *,
-    vms: int,
-    boots: int,
-    backends: list[str],
-    est: Estimate,
-    verdicts: tuple[bool, str, str, dict[str, Any]],
-    host_watch: dict[str, str],
-    images: list[str] | None,
-) -> dict[str, Any]:
-    suite = cfg.suite
-    cells = [
-        {"id": u.id, "label": u.label, "kind": u.kind, "host": u.host, "axes": u.axes(), "duplicate_of": dups.get(u.id)}
-        for u in units
-    ]
-    return {
-        "lab": cfg.lab.name,
-        "cells": cells,
-        "creates": {"vms": vms, "boots_per_cell": boots, "backends": backends, "bare_metal": suite.bare_metal},
-        "suite": {
-            "workloads": list(suite.workloads),
-            "repetitions": suite.repetitions,
-            "max_repetitions": suite.max_repetitions if suite.target_ci_pct is not None else suite.repetitions,
-            "target_ci_pct": suite.target_ci_pct,
-            "warmup": suite.warmup,
-            "order": suite.order,
-            "seed": suite.seed,
-        },
-        "estimate": {**est.as_dict(), "at_least": suite.target_ci_pct is not None},
-        "verdicts": {"reachable": verdicts[0], "text": verdicts[1], "setting": verdicts[2], **verdicts[3]},
-        "host_watch": host_watch,
-        "checked": images is not None,
-        "images": images or [],
-    }
-
-
-def doctor_document(checks: list[Check], accel: str | None) -> dict[str, Any]:
-    return {
-        "ok": not any(c.status == "fail" for c in checks),
-        "accel": accel,
-        "checks": [{"name": c.name, "status": c.status, "ok": c.status != "fail", "detail": c.detail} for c in checks],
-    }
-
-
-def gc_document(report: GcReport, dry_run: bool) -> dict[str, Any]:
-    return {
-        "dry_run": dry_run,
-        "ok": not report.errors,
-        "removed": report.removed,
-        "kept": report.kept,
-        "items": [i.__dict__ for i in report.items],
-        "marked_failed": report.marked_failed,
-        "errors": report.errors,
-    }

@@ -9,7 +9,7 @@ import time
 
 import click
 
-from lab import analysis, axes, plaintext, report, results, runner
+from lab import analysis, axes, plaintext, report, results
 from lab.cli import shapes
 from lab.cli.group import (
     cli,
@@ -23,6 +23,7 @@ from lab.cli.group import (
 )
 from lab.cli.printing import clock, duration, fmt, line, out, say, styled, table
 from lab.explain import record as explain_record
+from lab.reparse import reparse
 from lab.store import RunRow, Store
 
 
@@ -86,7 +87,7 @@ def print_show(store: Store, run: RunRow, everything: bool = False) -> None:
             )
         )
     if run.manifest.get("rounds"):
-        executed = store.executions(run.id)
+        executed = store.timings.executions(run.id)
         say(
             f"executed: {len(executed)} workload runs in {len(run.manifest['rounds'])} rounds: "
             + " | ".join(f"{i}: {' '.join(r)}" for i, r in enumerate(run.manifest["rounds"], start=1)),
@@ -283,5 +284,5 @@ def reparse_cmd(run_ref, config_path, results_dir):
     """Rebuild a run's samples from its stored raw outputs (after a parser fix)."""
     store = open_store(config_path, results_dir)
     run = store.run(run_ref)
-    n = runner.reparse(store, run.id)
+    n = reparse(store, run.id)
     say(f"run {run.id}: {n} samples rebuilt from raw outputs")

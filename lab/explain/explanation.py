@@ -134,11 +134,11 @@ def host_changes(store: Store, record: rec.Record) -> list[Untestable]:
     """Host facts that differ between a parent run and the follow-up runs (a kernel updated since):
     the corners measured then are pooled with cells measured now."""
     out: list[Untestable] = []
-    parent = store.host_facts(record.a.run)
+    parent = store.host_facts.of_run(record.a.run)
     seen: set[tuple[str, str, str]] = set()
     for rid in record.runs:
         try:
-            facts = store.host_facts(rid)
+            facts = store.host_facts.of_run(rid)
         except Exception:  # noqa: BLE001 - a follow-up run deleted since: nothing to compare
             continue
         for host, f in facts.items():

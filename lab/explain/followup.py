@@ -177,13 +177,13 @@ def candidate_runs(store: Store, record: rec.Record, lab_name: str) -> list[RunR
     """Runs whose cells may stand for a point: the parent runs, earlier follow-ups of the question,
     and other runs of the same lab on hosts with the same fingerprint as the parent's."""
     family = set(record.parents) | set(record.runs)
-    parent_fp = {h: f.get("fingerprint") for h, f in store.host_facts(record.a.run).items()}
+    parent_fp = {h: f.get("fingerprint") for h, f in store.host_facts.of_run(record.a.run).items()}
     out = []
     for run in store.runs():
         if run.id in family:
             out.append(run)
         elif run.name == lab_name and rec.KEY not in run.manifest:
-            fps = {h: f.get("fingerprint") for h, f in store.host_facts(run.id).items()}
+            fps = {h: f.get("fingerprint") for h, f in store.host_facts.of_run(run.id).items()}
             if fps and all(parent_fp.get(h) == fp for h, fp in fps.items()):
                 out.append(run)
     return out

@@ -137,8 +137,8 @@ def knobs_of(store: Store, cells: Cells, workloads: list[str]) -> tuple[list[Kno
     out = untestable(
         cells.a,
         cells.b,
-        store.host_facts(cells.run_a.id),
-        store.host_facts(cells.run_b.id),
+        store.host_facts.of_run(cells.run_a.id),
+        store.host_facts.of_run(cells.run_b.id),
         same_run=cells.run_a.id == cells.run_b.id,
     )
     return knobs, out

@@ -140,29 +140,29 @@ DEBIAN12 = Recipe(
         "systemd-sysv",
         "udev",
         "kmod",
-        # access and the tools the workloads run
+        # access and the tools the workloads run (their packages: lab.osfacts.TOOLS)
         "openssh-server",
-        "sysbench",
-        "iperf3",
+        osfacts.package("debian", "sysbench"),
+        osfacts.package("debian", "iperf3"),
         "wrk",  # the http/https load generator of a client VM (client = "vm"); nginx is the guest's
-        "nginx-light",
+        osfacts.package("debian", "nginx"),
         "openssl",
         "ca-certificates",
-        "curl",
-        "git",
+        osfacts.package("debian", "curl"),
+        osfacts.package("debian", "git"),
         "procps",
         "iproute2",
         "ethtool",
         "iputils-ping",
         "netbase",
         # containers (issue 9 workloads): podman with netavark + iptables for its default bridge
-        # network, both OCI runtimes, hyperfine for container start, POSIX `time -p` for timings
-        "podman",
+        # network, both OCI runtimes, the timer of container start, POSIX `time -p` for timings
+        osfacts.package("debian", "podman"),
         "crun",
         "runc",
         "netavark",
         "iptables",
-        "hyperfine",
+        osfacts.package("debian", "hyperfine"),
         "time",
         # firmware boot (Proxmox VE, bhyve UEFI, libvirt boot = "disk"): GRUB's BIOS and UEFI images,
         # installed onto the disk during provisioning; mkfs.fat for the EFI system partition

@@ -72,7 +72,7 @@ class RunData:
     lab_version: str
     hosts: dict[str, dict[str, Any]]
     cell_status: dict[str, CellRow] = field(default_factory=dict)  # by label
-    executions: list = field(default_factory=list)  # the executed order (Store.executions)
+    executions: list = field(default_factory=list)  # the executed order (Store.timings.executions)
 
 
 def _lab_version(store: Store, run_id: str) -> str:
@@ -101,9 +101,9 @@ def load(store: Store, run: RunRow, side: str) -> RunData:
         points=points,
         config_text=store.config_text(run.id),
         lab_version=_lab_version(store, run.id),
-        hosts=store.host_facts(run.id),
+        hosts=store.host_facts.of_run(run.id),
         cell_status={c.label: c for c in cells},
-        executions=store.executions(run.id),
+        executions=store.timings.executions(run.id),
     )
 
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from lab import analysis, compare as compare_mod, hostinfo, plan, results, stats
+from lab import analysis, compare as compare_mod, hostinfo, results, stats
+from lab.model import BARE_METAL
 from lab.report.data import VERDICT_CLASS, RunData, categories, direction, duration, p_text, pct, when
 from lab.results import fmt
 
@@ -194,7 +195,7 @@ def host_load(rd: RunData, short: dict[str, str]) -> dict[str, Any]:
 
 def overhead(rd: RunData, short: dict[str, str], wl_order: dict[str, int]) -> dict[str, Any] | None:
     """Every cell against the bare-metal cell of its host, if the run has one."""
-    if not any(analysis.kind(c) == plan.BARE_METAL for c in rd.cells):
+    if not any(analysis.kind(c) == BARE_METAL for c in rd.cells):
         return None
     found = analysis.overheads(
         rd.cells,

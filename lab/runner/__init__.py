@@ -6,14 +6,15 @@
 - lab.runner.clientvm: client = "vm": a host's load generators in a VM the run makes on it
 - lab.runner.clientssh: client = "ssh:USER@MACHINE": on a machine of the user's, over SSH
 - lab.runner.cells: a VM cell and the bare-metal cell, each inside lab.lifecycle.CellLife
-- lab.runner.measure: the workloads stage (repetitions, executions) and `lab reparse`
+- lab.runner.measure: the workloads stage (repetitions, executions); `lab reparse` is lab.reparse
 - lab.runner.context: what the parts of one run share
 """
 
 from lab.lifecycle import STAGES, Interrupted, Reporter, SilentReporter, shielded
+from lab.reparse import reparse
 from lab.runner.cells import run_unit, verify
 from lab.runner.context import RunContext, workload_params
-from lab.runner.measure import reparse, run_workloads
+from lab.runner.measure import run_workloads
 from lab.runner.run import (
     BOOT_ESTIMATE_S,
     estimate_seconds,

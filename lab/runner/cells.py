@@ -7,9 +7,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from lab import isolation, osfacts, plan, schedule, tuning, wan
+from lab import isolation, osfacts, plan, schedule, tuning, wan, workloads
 from lab.errors import VerificationError
-from lab.guest import Guest
+from lab.guest import Machine
 from lab.lifecycle import CellLife, Interrupted, lease_expiry
 from lab.model import MADE_BY_HOST, CellStatus, ImageRef, Isolation, Runtime, Vm, VmSpec
 from lab.runner.context import RunContext, workload_params
@@ -174,7 +174,7 @@ def isolate(
     ctx: RunContext,
     life: CellLife,
     kind: Isolation,
-    machine: Any,
+    machine: Machine,
     os_name: str,
     *,
     runtime: Runtime = Runtime.PODMAN,
@@ -199,9 +199,9 @@ def isolate(
             serve_web=serve_web,
             where=where,
             tuned=tuned_sysctls(life.facts.get("tuning") or {}, os_name),
-            nested=any(isolation.makes_containers(w, workload_params(ctx.cfg, w)) for w in ctx.cfg.suite.workloads),
+            nested=any(workloads.get(w).own_containers(workload_params(ctx.cfg, w)) for w in ctx.cfg.suite.workloads),
             # the bare-metal host is not reached by SSH: its scp is skipped, no sshd is started for it
-            sshd=not host_cgroup and any(w in isolation.SERVES_SSH for w in ctx.cfg.suite.workloads),
+            sshd=not host_cgroup and any(workloads.get(w).traits.serves_ssh for w in ctx.cfg.suite.workloads),
         )
     except isolation.Unavailable as exc:
         life.finish(CellStatus.NA, str(exc))
@@ -236,7 +236,7 @@ def isolation_labels(place: isolation.Place) -> dict[str, Any]:
 
 
 def tune_network(
-    ctx: RunContext, cell: plan.Cell, vm: Vm, guest: Guest, facts: osfacts.OsFacts, cell_facts: dict[str, Any]
+    ctx: RunContext, cell: plan.Cell, vm: Vm, guest: Machine, facts: osfacts.OsFacts, cell_facts: dict[str, Any]
 ) -> tuple[wan.Emulation | None, str]:
     """The tune stage's network knobs, each read back into cell_facts["tuning"]: congestion control,
     offloads of the cell's NIC, netem. Returns the emulation to remove after the cell and the reason
@@ -341,7 +341,10 @@ def _bare_metal_cell(
 ) -> None:
     cfg, client = ctx.cfg, ctx.clients[cell.host]
     life.enter("clone", "namespace, veth, cgroup")
-    bm = ctx.backends[cell.host].bare_metal(ctx.run_id, cell.id, cell.index, expires, client)
+    backend = ctx.backends[cell.host]
+    if backend.bare_metal is None:
+        raise backend.lacks("cannot run a bare-metal cell")
+    bm = backend.bare_metal.make(ctx.run_id, cell.id, cell.index, expires, client)
     life.vm = bm.vm
     life.facts.update(bm.facts)
     life.enter("verify")
@@ -363,8 +366,8 @@ def _bare_metal_cell(
         return
     web = [
         w
-        for w in ("http", "https")
-        if w in cfg.suite.workloads and not ctx.tallies.get((cell.id, w), schedule.Tally()).stopped
+        for w in cfg.suite.workloads
+        if workloads.get(w).traits.serves_web and not ctx.tallies.get((cell.id, w), schedule.Tally()).stopped
     ]
     if web:
         why = (
@@ -400,7 +403,7 @@ def _bare_metal_cell(
     life.finish(CellStatus.DONE if final else CellStatus.PENDING)
 
 
-def verify(guest: Guest, facts: osfacts.OsFacts, spec: VmSpec, caps: dict[str, Any] | None = None) -> dict[str, Any]:
+def verify(guest: Machine, facts: osfacts.OsFacts, spec: VmSpec, caps: dict[str, Any] | None = None) -> dict[str, Any]:
     """Read back from inside the guest what the cell asked for; refuse to measure a mismatch. A
     machine its host makes in place of a VM (a zone) has caps instead, which its backend read back
     and checked (`caps`): inside, it sees its host's CPUs and has no emulated NIC."""

@@ -16,10 +16,10 @@ from __future__ import annotations
 import shlex
 import threading
 from dataclasses import dataclass
-from typing import Any
 
 from lab.backends import Backend
 from lab.errors import LabError
+from lab.guest import Guest
 from lab.lifecycle import LeaseKeeper, lease_expiry, shielded
 from lab.model import Client, ImageRef, NicModel, Vm, VmSpec
 from lab.store import Store
@@ -31,7 +31,7 @@ class VmClient:
     client = "ssh:"): every command over SSH to it (lab.guest)."""
 
     address: str  # the client machine's, as the cells see it
-    guest: Any  # lab.guest.Guest of the client VM
+    guest: Guest  # the client VM's, or the client machine's
     name: str
     netns: str | None = None  # nothing of this machine: the commands go through `guest`
 
@@ -50,7 +50,7 @@ class Made:
     backend: Backend
     lease_id: int
     vm: Vm | None = None
-    guest: Any = None
+    guest: Guest | None = None
 
 
 class ClientVms:

@@ -12,13 +12,12 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from lab import schedule
+from lab import schedule, workloads
 from lab.backends import Backend
 from lab.labconfig import LabConfig
 from lab.lifecycle import LeaseKeeper, Reporter
 from lab.model import Client
 from lab.store import Store
-from lab.workloads import load_all
 
 
 @dataclass
@@ -62,4 +61,4 @@ class RunContext:
 
 def workload_params(cfg: LabConfig, name: str) -> dict[str, Any]:
     """A workload's parameters in this lab: its defaults, overridden by [suite.params.<name>]."""
-    return {**load_all()[name].defaults, **cfg.suite.params.get(name, {})}
+    return {**workloads.get(name).defaults, **cfg.suite.params.get(name, {})}

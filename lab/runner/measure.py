@@ -1,4 +1,4 @@
-"""The workloads stage of a cell, and rebuilding samples from stored raw outputs.
+"""The workloads stage of a cell.
 
 Warm-ups are discarded; measured repetitions follow the repetition policy (lab.schedule), or a
 quota per boot in interleaved rounds. Every execution is recorded in the store as it starts and
@@ -11,7 +11,7 @@ repetition runs inside a load window of its host, and what the window found is s
 sample of it (labels["host_load"]), flagged when foreign load or steal exceeded the threshold. In
 "wait" mode the runner first waits, bounded, until the host has been quiet for a few seconds.
 
-The client: a network workload (`network = True` on the workload: its load generator or server
+The client: a network workload (its traits' `network`: its load generator or server
 runs on the client side) holds its client's lock (RunContext.client_locks: this machine's, or the
 host's own client VM's, lab.runner.clientvm) for its prepare and each of its runs, so two lanes
 never measure through one client at once; its samples carry the placement (labels["client"],
@@ -32,19 +32,19 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from lab import clientload, clients, flags, hostload, lifecycle, schedule
+from lab import clientload, clients, hostload, lifecycle, schedule, workloads
 from lab.errors import LabError
+from lab.guest import Machine
 from lab.lifecycle import CellLife, Interrupted
 from lab.model import Client
 from lab.runner.context import RunContext, workload_params
-from lab.store import Store
-from lab.workloads import WorkloadContext, load_all
+from lab.workloads import WorkloadContext
 
 
 def run_workloads(
     ctx: RunContext,
     life: CellLife,
-    guest: Any,
+    guest: Machine,
     client: Client,
     os_name: str,
     address: str,
@@ -59,7 +59,6 @@ def run_workloads(
     fails is recorded there and skipped instead of failing the cell (the bare-metal cell: a tool
     the host lacks)."""
     cfg, store, rid, cell = ctx.cfg, ctx.store, ctx.run_id, life.cell
-    workloads = load_all()
     watch = HostWatch.of(ctx, life)
     # this machine is the "local" client: a cell measured on it (local QEMU, its bare-metal cell) must
     # not share it with another lane's load generator either
@@ -68,7 +67,7 @@ def run_workloads(
         tally = ctx.tallies.setdefault((cell.id, name), schedule.Tally())
         if tally.stopped:
             continue  # measured enough in an earlier round, or skipped
-        wl = workloads[name]
+        wl = workloads.get(name)
         wctx = WorkloadContext(
             guest=guest,
             client=client,
@@ -80,7 +79,7 @@ def run_workloads(
         )
         life.enter("workloads", f"{name}: prepare")
         placement = ctx.cfg.hosts[str(cell.host)].client
-        network = getattr(wl, "network", False)
+        network = wl.traits.network
         keys = ([clients.turn_key(str(cell.host), placement)] if network else []) + (
             [clients.LOCAL] if on_this_machine else []
         )
@@ -111,13 +110,13 @@ def run_workloads(
                 host.before(f"{name} {detail}{where}")
                 if host.mode == "wait":  # the wait is part of what a repetition costs (lab.estimate)
                     life.timed("quiet", lifecycle.clock() - started, workload=name)
-            eid = store.start_execution(rid, cell.id, round_no, name, rep)
+            eid = store.timings.start_execution(rid, cell.id, round_no, name, rep)
             try:
                 with turn():
                     watched = client_watch if rep >= 0 else None
                     raw, load = run_watched(wl, wctx, rep, host, watched, f"{name} {detail}")
                 # the host's figures are the workload's own (idle): kept with its raw output too
-                if hostload.HOST_LOAD in load and getattr(wl, "records_host_load", False):
+                if hostload.HOST_LOAD in load and wl.traits.records_host_load:
                     raw = dataclasses.replace(
                         raw, extra={**raw.extra, hostload.HOST_LOAD: json.dumps(load[hostload.HOST_LOAD])}
                     )
@@ -137,9 +136,9 @@ def run_workloads(
                     store.add_samples(rid, cell.id, raw_id, name, rep, stamped)
                     tally.add(stamped, raw.seconds, wl.primary_metrics)
             except BaseException as exc:
-                store.finish_execution(eid, "failed", error=str(exc) or type(exc).__name__)
+                store.timings.finish_execution(eid, "failed", error=str(exc) or type(exc).__name__)
                 raise
-            store.finish_execution(eid, "ok", raw_id=raw_id)
+            store.timings.finish_execution(eid, "ok", raw_id=raw_id)
 
         for w in range(cfg.suite.warmup):
             execute(w - cfg.suite.warmup, "warm-up")  # warm-ups are negative and yield no samples
@@ -242,7 +241,11 @@ class HostWatch:
         return [self.life.vm] if self.life.vm is not None else []
 
     def open(self) -> hostload.LoadWindow:
-        return self.backend.host_load(self._vms())
+        meter = self.backend.load_meter
+        if meter is None:
+            why = f"host {self.backend.host_name!r} ({self.backend.name} backend) does not report its CPU load"
+            return hostload.UnknownWindow(why)
+        return meter.window(self._vms())
 
     def before(self, what: str) -> None:
         """In "wait" mode: until the host has been quiet for quiet_seconds (at most quiet_timeout_s)."""
@@ -288,29 +291,3 @@ class HostWatch:
         if "flag" in label and not self.not_quiet:
             self.reporter.warn(f"{self.life.cell.id} {what}: flagged: {label['flag']}")
         return {hostload.HOST_LOAD: label}
-
-
-def reparse(store: Store, run_id: str) -> int:
-    """Rebuild a run's samples from its stored raw outputs (after a parser fix)."""
-    workloads = load_all()
-    cells = {c.cell_id: c for c in store.cells(run_id)}
-    old: dict[tuple[str, str, int], dict[str, Any]] = {}
-    for s in store.samples(run_id):
-        old.setdefault((s.cell_id, s.workload, s.repetition), s.labels)
-    rows, count = [], 0
-    for raw_id, cell_id, rep, raw in store.raw_outputs(run_id):
-        if rep < 0 or raw.workload not in workloads:
-            continue
-        # the runner's labels (axes, round, the host's load) stay; the parser's own are recomputed
-        base = {k: v for k, v in old.get((cell_id, raw.workload, rep), {}).items() if k not in flags.PARSER_LABELS}
-        if not base and cell_id in cells:
-            base = {**cells[cell_id].axes, "repetition": rep}
-        samples = workloads[raw.workload].parse(raw)
-        stamped = [
-            type(s)(s.metric, s.value, s.unit, s.higher_is_better, {**base, **s.labels, "repetition": rep})
-            for s in samples
-        ]
-        rows.append((cell_id, raw_id, raw.workload, rep, stamped))
-        count += len(stamped)
-    store.replace_samples(run_id, rows)  # parsed first, swapped in one transaction
-    return count

@@ -16,7 +16,7 @@ the limit and no idle VM disturbs a measurement; the price is a boot per round.
 Several hosts: one lane per host, the lanes at once (lab.runner.lanes), each in the order above
 with its own rounds; one host alone runs inline. The manifest records the lanes, each boot's span
 and which cells overlapped in time. Every workload execution
-is recorded in the store as it starts and ends (Store.executions): the executed order.
+is recorded in the store as it starts and ends (Store.timings.executions): the executed order.
 
 Repetitions: fixed n, or adaptive (target_ci_pct): repeat until the 95 % CI of the median of
 each throughput-like metric is within the target, or a budget (max_repetitions, max_seconds per
@@ -241,7 +241,7 @@ def _run_locked(
         backend = backends[host]
         ctx.clients[host] = backend.open_run(run_id)
         facts = hostinfo.snapshot(host, backend)
-        ctx.host_fp[host] = store.add_host_facts(run_id, host, hostinfo.fingerprint(facts), facts)
+        ctx.host_fp[host] = store.host_facts.add(run_id, host, hostinfo.fingerprint(facts), facts)
         mtu = hostinfo.run_bridge_mtu(ctx.clients[host])
         if mtu:
             manifest.setdefault("run_bridge_mtu", {})[host] = mtu

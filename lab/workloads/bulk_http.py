@@ -22,7 +22,7 @@ from typing import Any
 from lab import osfacts, proc
 from lab.errors import LabError, UsageError
 from lab.model import RawOutput, Sample
-from lab.workloads import PrimaryMetrics, WorkloadContext, containers, register
+from lab.workloads import Param, PrimaryMetrics, Traits, Workload, WorkloadContext, containers, register
 from lab.workloads.cpu import cpu_samples, snapshot
 from lab.workloads.http import url
 from lab.workloads.toolkit import (
@@ -86,17 +86,23 @@ def parse_curl_json(text: str, workload: str = "bulk-http") -> Parsed:
     return out | {"download_mb_s": size / 1e6 / seconds}
 
 
-class BulkHttp:
+class BulkHttp(Workload):
     name = "bulk-http"
-    primary_metrics = PrimaryMetrics(("download_mb_s_*",), per=("scheme", "network", "lro"))
-    network = True  # its load goes through the client side: one lane at a time (lab.runner.measure)
-    defaults: dict[str, Any] = {
-        "path": "/bulk/64m.bin",
-        "count": 3,
-        "scheme": ["http"],
-        "network": ["guest"],
-        "lro": ["as-is"],
-    }
+    traits = Traits(
+        summary="download speed of a large file from nginx in the guest (or a FreeBSD jail), curl on the client side",
+        params=(
+            Param("path", "/bulk/64m.bin", "the file downloaded (the image's site has /bulk/1m.bin and /bulk/64m.bin)"),
+            Param("count", 3, "downloads per repetition, over one kept-alive connection (1..1000)"),
+            Param("scheme", ["http"], "http and/or https"),
+            Param(
+                "network", ["guest"], '"guest" (the guest\'s nginx) and/or "default" (a vnet jail behind NAT: FreeBSD)'
+            ),
+            Param("lro", ["as-is"], 'LRO on the guest\'s uplink for each download: "as-is", "on", "off"'),
+        ),
+        primary_metrics=PrimaryMetrics(("download_mb_s_*",), per=("scheme", "network", "lro")),
+        network=True,  # curl runs on the client side
+        container_places="network",
+    )
 
     def params(self, ctx: WorkloadContext) -> dict[str, Any]:
         p = effective_params(self.defaults, ctx.params)

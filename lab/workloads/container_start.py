@@ -21,7 +21,7 @@ from typing import Any
 
 from lab.errors import LabError, UsageError
 from lab.model import RawOutput, Sample
-from lab.workloads import PrimaryMetrics, WorkloadContext, containers, register
+from lab.workloads import Param, PrimaryMetrics, Traits, Workload, WorkloadContext, containers, register
 from lab.workloads.cpu import cpu_samples, run_guest_load
 from lab.workloads.toolkit import (
     UNMEASURED,
@@ -30,7 +30,7 @@ from lab.workloads.toolkit import (
     effective_params,
     first_line,
     int_param,
-    require_guest_tool,
+    require_tools,
     segment_samples,
     split_segments,
 )
@@ -93,17 +93,22 @@ def parse_hyperfine_json(text: str, workload: str = "container-start") -> dict[s
     return out
 
 
-class ContainerStart:
+class ContainerStart(Workload):
     name = "container-start"
-    # the mean start time of each runtime x network x store
-    primary_metrics = PrimaryMetrics(("start_ms_*",), per=("runtime", "network", "store"))
-    defaults: dict[str, Any] = {
-        "runtime": ["crun", "runc"],
-        "network": ["default", "host", "none"],
-        "store": ["persistent", "transient"],
-        "runs": 5,
-        "warmup": 1,
-    }
+    traits = Traits(
+        summary="podman container start time (hyperfine) per OCI runtime, network and store",
+        params=(
+            Param("runtime", ["crun", "runc"], "OCI runtimes to start with (crun, runc; ocijail on FreeBSD)"),
+            Param("network", ["default", "host", "none"], "the container's network: default (a bridge), host, none"),
+            Param("store", ["persistent", "transient"], "podman's container store: persistent, or transient (tmpfs)"),
+            Param("runs", 5, "measured starts per combination (1..1000)"),
+            Param("warmup", 1, "discarded starts before them (0..1000)"),
+        ),
+        # the mean start time of each runtime x network x store
+        primary_metrics=PrimaryMetrics(("start_ms_*",), per=("runtime", "network", "store")),
+        makes_containers=True,
+        tools=("podman", "hyperfine"),
+    )
 
     def params(self, ctx: WorkloadContext) -> dict[str, Any]:
         p = effective_params(self.defaults, ctx.params)
@@ -132,8 +137,7 @@ class ContainerStart:
         p = self.params(ctx)
         if containers.family(ctx.os) not in ("linux", "freebsd"):
             raise UsageError(f"{self.name}: no podman on {ctx.os}")
-        require_guest_tool(ctx, "podman", self.name)
-        require_guest_tool(ctx, "hyperfine", self.name)
+        require_tools(ctx, self)
         res = ctx.guest.run(f"podman image exists {containers.BASE_IMAGE}", timeout=120, check=False)
         if res.returncode != 0:
             raise LabError(

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from lab import osfacts
 from lab.errors import LabError
-from lab.guest import Guest
+from lab.guest import Machine
 from lab.model import RawOutput, Sample
 from lab.workloads import WorkloadContext
 
@@ -265,7 +265,7 @@ def split_guest_output(stdout: str, workload: str = "") -> tuple[str, str, str, 
     return before, load_out, after, rc
 
 
-def snapshot(guest: Guest, ticks_cmd: str, timeout: float = 30.0) -> str:
+def snapshot(guest: Machine, ticks_cmd: str, timeout: float = 30.0) -> str:
     """One CPU snapshot taken in the guest by its own SSH command (for client-side loads)."""
     return guest.run("sh -c " + shlex.quote(ticks_cmd), timeout=timeout).stdout.strip()
 

@@ -23,7 +23,7 @@ from typing import Any
 from lab import osfacts, proc
 from lab.errors import LabError
 from lab.model import RawOutput, Sample
-from lab.workloads import PrimaryMetrics, WorkloadContext, containers, gitrepo, register
+from lab.workloads import Param, PrimaryMetrics, Traits, Workload, WorkloadContext, containers, gitrepo, register
 from lab.workloads.cpu import cpu_samples, guest_script, run_guest_load
 from lab.workloads.toolkit import (
     UNMEASURED,
@@ -35,7 +35,7 @@ from lab.workloads.toolkit import (
     flag,
     flag_run,
     int_param,
-    require_guest_tool,
+    require_tools,
     segment_samples,
     split_segments,
 )
@@ -74,22 +74,27 @@ def segment_tag(place: str, lro: str) -> str:
     return place if lro == "as-is" else f"{place}-lro{lro}"
 
 
-class GitClone:
+class GitClone(Workload):
     name = "git-clone"
-    primary_metrics = PrimaryMetrics(("clone_seconds_*",), per=("network", "lro"))  # the clone's time per place
-    network = True  # its load goes through the client side: one lane at a time (lab.runner.measure)
-    client_files = (
-        True  # its client side serves a repository of this machine (git daemon): client = "local" only (lab.check)
+    traits = Traits(
+        summary="cloning a generated repository from git daemon on the client side, in the guest and in containers",
+        params=(
+            *gitrepo.PARAMS,
+            Param(
+                "network",
+                ["guest", "default", "host"],
+                'where the clone runs: "guest", "default" (a container on the engine\'s bridge) and/or "host"',
+            ),
+            Param("lro", ["as-is"], 'LRO on the guest\'s uplink for each place: "as-is", "on", "off"'),
+            Param("port", 9418, "git daemon's port on the client side"),
+            Param("timeout", 3600, "seconds a clone may take before it fails"),
+        ),
+        primary_metrics=PrimaryMetrics(("clone_seconds_*",), per=("network", "lro")),  # the clone's time per place
+        network=True,  # git daemon runs on the client side
+        client_files=True,  # it serves a repository of this machine
+        container_places="network",
+        tools=("git",),
     )
-    defaults: dict[str, Any] = {
-        "files": 2000,
-        "file_kib": 16,
-        "commits": 4,
-        "network": ["guest", "default", "host"],
-        "lro": ["as-is"],
-        "port": 9418,
-        "timeout": 3600,
-    }
 
     def params(self, ctx: WorkloadContext) -> dict[str, Any]:
         p = effective_params(self.defaults, ctx.params)
@@ -124,7 +129,7 @@ class GitClone:
 
     def prepare(self, ctx: WorkloadContext) -> None:
         p = self.params(ctx)
-        require_guest_tool(ctx, "git", self.name)
+        require_tools(ctx, self)
         containers.prepare_places(ctx, self.name, p["network"])
         res = proc.run(ctx.client.argv(["git", "--version"]), timeout=30, check=False, what="git on the client side")
         if not res.ok:

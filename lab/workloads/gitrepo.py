@@ -28,7 +28,7 @@ from typing import Any
 import lab
 from lab import proc
 from lab.errors import LabError, UsageError
-from lab.workloads import WorkloadContext
+from lab.workloads import Param, WorkloadContext
 from lab.workloads.toolkit import ClientServer, client_server
 
 GENERATOR_VERSION = 1  # bump when the layout below changes
@@ -36,6 +36,12 @@ PARTS = 16  # C files under src/
 AUTHOR = "lab <lab@lab.invalid>"
 EPOCH = 1700000000  # commit dates: EPOCH + commit number
 SHAPE_KEYS = ("files", "file_kib", "commits")
+# The repository's shape, parameters of the workloads that clone it (git-clone, podman-build)
+PARAMS = (
+    Param("files", 2000, "incompressible data files in the generated repository (1..200000)"),
+    Param("file_kib", 16, "the size of each, in KiB (1..65536)"),
+    Param("commits", 4, "commits the files are spread over (1..1000, at most files)"),
+)
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from lab import osfacts, proc
 from lab.errors import LabError, UsageError
 from lab.model import RawOutput, Sample
 from lab.wait import wait_until
-from lab.workloads import PrimaryMetrics, WorkloadContext, register
+from lab.workloads import Param, PrimaryMetrics, Traits, Workload, WorkloadContext, register
 from lab.workloads.cpu import cpu_samples, snapshot
 from lab.workloads.toolkit import (
     CLIENT_TOOL_HINT,
@@ -32,7 +32,7 @@ from lab.workloads.toolkit import (
     first_line,
     flag,
     flag_run,
-    require_guest_tool,
+    require_tools,
     segment_samples,
     split_segments,
     with_run_context,
@@ -43,8 +43,6 @@ _TIME_MS = {"us": 1e-3, "ms": 1.0, "s": 1e3, "m": 60e3, "h": 3600e3}
 _BYTES_MIB = {"B": 1 / 1048576, "KB": 1 / 1024, "MB": 1.0, "GB": 1024.0, "TB": 1048576.0, "PB": 1073741824.0}
 _NUM = r"([0-9]+(?:\.[0-9]+)?)"
 LATENCIES = tuple(f"latency_p{p}_ms" for p in ("50", "75", "90", "99"))
-# Where nginx lives when root's non-login PATH lacks sbin (Debian/Alpine, FreeBSD/OpenBSD ports, pkgsrc).
-SBIN_DIRS = ("/usr/sbin", "/usr/local/sbin", "/usr/pkg/sbin")
 
 
 def _fail(workload: str, text: str, why: str) -> LabError:
@@ -129,12 +127,24 @@ def curl_argv(target: str) -> list[str]:
     return ["curl", "-sk", "-o", "/dev/null", "-w", "%{http_code}", "--max-time", "3", target]
 
 
-class _Http:
-    name = ""
-    primary_metrics = PrimaryMetrics(("requests_per_s_*",), per=("connections",))  # per connection count
-    network = True  # its load goes through the client side: one lane at a time (lab.runner.measure)
+def _traits(scheme: str) -> Traits:
+    return Traits(
+        summary=f"{scheme.upper()} requests/s and latencies of the guest's nginx, wrk on the client side",
+        params=(
+            Param("connections", [10, 50], "open connections, one wrk run each"),
+            Param("duration", 10, "seconds each wrk run lasts"),
+            Param("path", "/", "the URL path requested (from the image's site)"),
+            Param("threads", 4, "wrk's threads (at most the connections)"),
+        ),
+        primary_metrics=PrimaryMetrics(("requests_per_s_*",), per=("connections",)),  # per connection count
+        network=True,  # wrk runs on the client side
+        serves_web=True,
+        tools=("nginx",),
+    )
+
+
+class _Http(Workload):
     scheme = ""
-    defaults: dict[str, Any] = {"connections": [10, 50], "duration": 10, "path": "/", "threads": 4}
 
     def params(self, ctx: WorkloadContext) -> dict[str, Any]:
         p = effective_params(self.defaults, ctx.params)
@@ -170,7 +180,7 @@ class _Http:
 
     def prepare(self, ctx: WorkloadContext) -> None:
         self.params(ctx)
-        require_guest_tool(ctx, "nginx", self.name, also_in=SBIN_DIRS)
+        require_tools(ctx, self)
         res = proc.run(ctx.client.argv(["wrk", "-v"]), timeout=30, check=False, what="wrk on the client side")
         if "wrk" not in (res.stdout + res.stderr):
             raise LabError(f"{self.name}: wrk does not run on the client side", hint=CLIENT_TOOL_HINT)
@@ -277,11 +287,13 @@ def _errors_problem(r: dict[str, float]) -> str:
 class Http(_Http):
     name = "http"
     scheme = "http"
+    traits = _traits("http")
 
 
 class Https(_Http):
     name = "https"
     scheme = "https"
+    traits = _traits("https")
 
 
 HTTP = register(Http())

@@ -23,9 +23,9 @@ from typing import Any
 
 from lab.errors import UsageError
 from lab.model import RawOutput, Sample
-from lab.workloads import PrimaryMetrics, WorkloadContext, register
-from lab.workloads.cpu import cpu_samples, run_guest_load
-from lab.workloads.toolkit import effective_params
+from lab.workloads import Param, PrimaryMetrics, Traits, WorkloadContext, register
+from lab.workloads.cpu import cpu_samples
+from lab.workloads.toolkit import GuestCommand, effective_params
 
 MAX_DURATION_S = 3600
 
@@ -44,11 +44,14 @@ def host_samples(extra: dict[str, str]) -> list[Sample]:
     return out
 
 
-class Idle:
+class Idle(GuestCommand):
     name = "idle"
-    primary_metrics = PrimaryMetrics(("host_vm_cpu_pct",))  # what the idle VM costs its host
-    defaults: dict[str, Any] = {"duration": 10}
-    records_host_load = True  # the runner folds the host's load window into the raw output
+    traits = Traits(
+        summary="an idle guest: the CPU it and its host spend over a window where nothing runs",
+        params=(Param("duration", 10, "seconds of the idle window (at most 3600)"),),
+        primary_metrics=PrimaryMetrics(("host_vm_cpu_pct",)),  # what the idle VM costs its host
+        records_host_load=True,  # the runner folds the host's load window into the raw output
+    )
 
     def params(self, ctx: WorkloadContext) -> dict[str, Any]:
         p = effective_params(self.defaults, ctx.params)
@@ -61,16 +64,10 @@ class Idle:
         return float(params["duration"]) + 1.0
 
     def command(self, ctx: WorkloadContext) -> str:
-        return f"sleep {self.params(ctx)['duration']:g}"
+        return f"sleep {self.params(ctx)['duration']:g}"  # sleep is everywhere: nothing to install
 
-    def prepare(self, ctx: WorkloadContext) -> None:
-        self.params(ctx)  # sleep is everywhere: nothing to install
-
-    def run(self, ctx: WorkloadContext, repetition: int) -> RawOutput:
-        p = self.params(ctx)
-        cmd = self.command(ctx)
-        r = run_guest_load(ctx, self.name, cmd, timeout=float(p["duration"]) + 60)
-        return r.raw(self.name, cmd, {**p, "vcpus": ctx.vcpus, "repetition": repetition})
+    def timeout(self, params: dict[str, Any]) -> float:
+        return float(params["duration"]) + 60
 
     def parse(self, raw: RawOutput) -> list[Sample]:
         labels = {"duration": raw.params.get("duration")}

@@ -22,7 +22,7 @@ from typing import Any
 from lab import proc
 from lab.errors import LabError, UsageError
 from lab.model import RawOutput, Sample
-from lab.workloads import PrimaryMetrics, WorkloadContext, register
+from lab.workloads import Param, PrimaryMetrics, Traits, Workload, WorkloadContext, register
 from lab.workloads.cpu import cpu_samples, run_guest_load
 from lab.workloads.toolkit import (
     CLIENT_TOOL_HINT,
@@ -36,7 +36,7 @@ from lab.workloads.toolkit import (
     first_line,
     flag,
     flag_run,
-    require_guest_tool,
+    require_tools,
     segment_samples,
     split_segments,
     with_run_context,
@@ -169,12 +169,26 @@ def _positive_int(workload: str, name: str, value: Any, upper: int | None = None
     return value
 
 
-class _Iperf3:
-    name = ""
-    primary_metrics = PrimaryMetrics(("throughput_mbit_s_*",), per=("directions",))  # per direction
-    network = True  # its load goes through the client side: one lane at a time (lab.runner.measure)
+def _traits(udp: bool) -> Traits:
+    kind = "UDP" if udp else "TCP"
+    return Traits(
+        summary=f"{kind} throughput between the guest and the client side, per direction (iperf3)"
+        + (", with jitter and loss" if udp else ""),
+        params=(
+            Param("time", 10, "seconds each direction's test lasts"),
+            Param("streams", 1, "parallel streams (iperf3 -P, 1..128)"),
+            *((Param("bitrate", "100M", "the rate the sender offers (iperf3 -b), e.g. 100M"),) if udp else ()),
+            Param("directions", ["tx", "rx"], '"tx" (the guest sends) and/or "rx" (the guest receives)'),
+            Param("port", 5201, "the iperf3 server's port on the client side"),
+        ),
+        primary_metrics=PrimaryMetrics(("throughput_mbit_s_*",), per=("directions",)),  # per direction
+        network=True,  # its server is on the client side
+        tools=("iperf3",),
+    )
+
+
+class _Iperf3(Workload):
     udp = False
-    defaults: dict[str, Any] = {}
 
     def params(self, ctx: WorkloadContext) -> dict[str, Any]:
         p = effective_params(self.defaults, ctx.params)
@@ -208,7 +222,7 @@ class _Iperf3:
 
     def prepare(self, ctx: WorkloadContext) -> None:
         self.params(ctx)
-        require_guest_tool(ctx, "iperf3", self.name)
+        require_tools(ctx, self)
         res = proc.run(
             ctx.client.argv(["iperf3", "--version"]), timeout=30, check=False, what="iperf3 on the client side"
         )
@@ -282,13 +296,13 @@ class _Iperf3:
 class Iperf3Tcp(_Iperf3):
     name = "iperf3-tcp"
     udp = False
-    defaults: dict[str, Any] = {"time": 10, "streams": 1, "directions": ["tx", "rx"], "port": 5201}
+    traits = _traits(udp=False)
 
 
 class Iperf3Udp(_Iperf3):
     name = "iperf3-udp"
     udp = True
-    defaults: dict[str, Any] = {"time": 10, "streams": 1, "bitrate": "100M", "directions": ["tx", "rx"], "port": 5201}
+    traits = _traits(udp=True)
 
 
 IPERF3_TCP = register(Iperf3Tcp())

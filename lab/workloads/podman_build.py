@@ -28,7 +28,7 @@ from typing import Any
 
 from lab.errors import LabError, UsageError
 from lab.model import RawOutput, Sample
-from lab.workloads import PrimaryMetrics, WorkloadContext, containers, gitrepo, register
+from lab.workloads import Param, PrimaryMetrics, Traits, Workload, WorkloadContext, containers, gitrepo, register
 from lab.workloads.cpu import cpu_samples, run_guest_load
 from lab.workloads.toolkit import SegmentLog, choices, effective_params, first_line, int_param, split_segments
 
@@ -161,25 +161,25 @@ def probe_engines(ctx: WorkloadContext, engines: list[str]) -> dict[str, bool]:
     return have
 
 
-class PodmanBuild:
+class PodmanBuild(Workload):
     name = "podman-build"
-    # the whole build's time per engine and network (its steps are exploratory)
-    primary_metrics = PrimaryMetrics(
-        ("build_seconds_*",), per=("engines", "network"), parts=tuple(f"{s}_seconds_*" for s in (*STEPS, "commit"))
+    traits = Traits(
+        summary="a container image build of the study's shape, with the time of every step",
+        params=(
+            *gitrepo.PARAMS,
+            Param("network", ["default", "host"], 'the RUN steps\' network: "default" (the engine\'s) and/or "host"'),
+            Param("engines", ["podman", "docker"], "the engines to build with (one the guest lacks is n/a)"),
+            Param("port", 9418, "git daemon's port on the client side (the clone step)"),
+            Param("timeout", 3600, "seconds a build may take before it fails"),
+        ),
+        # the whole build's time per engine and network (its steps are exploratory)
+        primary_metrics=PrimaryMetrics(
+            ("build_seconds_*",), per=("engines", "network"), parts=tuple(f"{s}_seconds_*" for s in (*STEPS, "commit"))
+        ),
+        network=True,  # the clone step's git daemon runs on the client side
+        client_files=True,  # it serves a repository of this machine
+        makes_containers=True,
     )
-    network = True  # its load goes through the client side: one lane at a time (lab.runner.measure)
-    client_files = (
-        True  # its client side serves a repository of this machine (git daemon): client = "local" only (lab.check)
-    )
-    defaults: dict[str, Any] = {
-        "files": 2000,
-        "file_kib": 16,
-        "commits": 4,
-        "network": ["default", "host"],
-        "engines": ["podman", "docker"],
-        "port": 9418,
-        "timeout": 3600,
-    }
 
     def params(self, ctx: WorkloadContext) -> dict[str, Any]:
         p = effective_params(self.defaults, ctx.params)

@@ -1,5 +1,5 @@
 """scp: copy a large file between the client side and the guest, in both directions (in a container
-cell, the container's own sshd: lab.isolation.SERVES_SSH).
+cell, the container's own sshd: its traits say serves_ssh, lab.isolation).
 
 Directions as iperf3's: "tx" = the guest sends (client copies guest:FILE to /dev/null), "rx" = the
 guest receives (client copies a local file to guest:/dev/null), so neither side's disk is timed on
@@ -26,8 +26,9 @@ from typing import Any
 
 from lab import osfacts, proc
 from lab.errors import LabError, UsageError
+from lab.guest import SshLogin
 from lab.model import RawOutput, Sample
-from lab.workloads import PrimaryMetrics, WorkloadContext, register
+from lab.workloads import Param, PrimaryMetrics, Traits, Workload, WorkloadContext, register
 from lab.workloads.cpu import cpu_samples, snapshot
 from lab.workloads.toolkit import (
     UNMEASURED,
@@ -121,14 +122,20 @@ def parse_scp_output(text: str, file_bytes: int, direction: str, workload: str =
     return {"seconds": seconds, "throughput_mb_s": file_bytes / 1e6 / seconds, "sent": sent, "received": received}
 
 
-class Scp:
+class Scp(Workload):
     name = "scp"
-    primary_metrics = PrimaryMetrics(("seconds_*",), per=("directions",))  # the copy's time per direction
-    network = True  # its load goes through the client side: one lane at a time (lab.runner.measure)
-    client_files = (
-        True  # its client side sends this machine's files with the lab's key: client = "local" only (lab.check)
+    traits = Traits(
+        summary="copying a large file over SSH between the client side and the guest's sshd, per direction",
+        params=(
+            Param("size_mib", 64, "the file's size in MiB (1..65536): big enough for several seconds"),
+            Param("directions", ["tx", "rx"], '"tx" (the guest sends) and/or "rx" (the guest receives)'),
+            Param("cipher", "", 'the OpenSSH cipher (scp -c); "" for its default'),
+        ),
+        primary_metrics=PrimaryMetrics(("seconds_*",), per=("directions",)),  # the copy's time per direction
+        network=True,  # scp runs on the client side
+        client_files=True,  # it sends this machine's files with the lab's key
+        serves_ssh=True,
     )
-    defaults: dict[str, Any] = {"size_mib": 64, "directions": ["tx", "rx"], "cipher": ""}
 
     def params(self, ctx: WorkloadContext) -> dict[str, Any]:
         p = effective_params(self.defaults, ctx.params)
@@ -145,32 +152,39 @@ class Scp:
     def commands(self, ctx: WorkloadContext, local: str = "LOCAL") -> list[tuple[str, list[str]]]:
         """[(direction, scp argv before the client wrapper)]."""
         p = self.params(ctx)
-        g = ctx.guest
+        login = self.login(ctx)
         out = []
         for d in p["directions"]:
             out.append(
                 (
                     d,
                     scp_argv(
-                        key=str(g.key),
-                        user=g.user,
-                        address=g.address,
-                        port=g.port,
+                        key=str(login.key),
+                        user=login.user,
+                        address=login.address,
+                        port=login.port,
                         direction=d,
                         local="/dev/null" if d == "tx" else local,
                         remote=GUEST_FILE if d == "tx" else "/dev/null",
                         cipher=p["cipher"],
                         known_hosts=ctx.known_hosts,
-                        host_key_alias=getattr(g, "host_key_alias", None),  # a container cell's guest
+                        host_key_alias=login.host_key_alias,  # a container cell's sshd
                     ),
                 )
             )
         return out
 
+    def login(self, ctx: WorkloadContext) -> SshLogin:
+        """The guest's sshd, which is the load; LabError where the machine is not reached by SSH (the
+        bare-metal cell: its commands run on this host directly)."""
+        login = ctx.guest.ssh_login()
+        if login is None:
+            raise LabError(f"{self.name}: its load is an sshd, and this machine is not reached by SSH")
+        return login
+
     def prepare(self, ctx: WorkloadContext) -> None:
         p = self.params(ctx)
-        if getattr(ctx.guest, "port", None) is None:  # the bare-metal cell: commands run on this host directly
-            raise LabError(f"{self.name}: its load is an sshd, and this machine is not reached by SSH")
+        self.login(ctx)
         size = p["size_mib"] * 1048576
         if "tx" in p["directions"]:
             # dd with a byte count (bs=1048576) so GNU and BSD dd read it alike.

@@ -13,11 +13,12 @@ from typing import Any
 
 from lab.errors import LabError, UsageError
 from lab.model import RawOutput, Sample
-from lab.workloads import PrimaryMetrics, WorkloadContext, register
+from lab.workloads import Param, PrimaryMetrics, Traits, Workload, WorkloadContext, register
 from lab.workloads.cpu import cpu_samples, run_guest_load
 from lab.workloads.toolkit import (
     RUN_OVERHEAD_S,
     UNMEASURED,
+    GuestCommand,
     Parsed,
     SegmentLog,
     as_list,
@@ -26,7 +27,7 @@ from lab.workloads.toolkit import (
     first_line,
     flag,
     flag_run,
-    require_guest_tool,
+    require_tools,
     segment_samples,
     split_segments,
     with_run_context,
@@ -185,10 +186,18 @@ def _check_positive_int(workload: str, name: str, value: Any) -> int:
 # Workloads
 
 
-class SysbenchCpu:
+class SysbenchCpu(Workload):
     name = "sysbench-cpu"
-    primary_metrics = PrimaryMetrics(("events_per_s_*",), per=("threads",))  # per thread count
-    defaults: dict[str, Any] = {"threads": [1, "vcpus"], "time": 10, "max_prime": 20000}
+    traits = Traits(
+        summary="CPU: sysbench's prime search, events per second at each thread count",
+        params=(
+            Param("threads", [1, "vcpus"], 'thread counts, one run each: integers, or "vcpus" for the cell\'s vCPUs'),
+            Param("time", 10, "seconds each run lasts"),
+            Param("max_prime", 20000, "sysbench's --cpu-max-prime: the primes each event searches up to"),
+        ),
+        primary_metrics=PrimaryMetrics(("events_per_s_*",), per=("threads",)),  # per thread count
+        tools=("sysbench",),
+    )
 
     def params(self, ctx: WorkloadContext) -> dict[str, Any]:
         p = effective_params(self.defaults, ctx.params)
@@ -208,7 +217,7 @@ class SysbenchCpu:
 
     def prepare(self, ctx: WorkloadContext) -> None:
         self.params(ctx)
-        require_guest_tool(ctx, "sysbench", self.name)
+        require_tools(ctx, self)
 
     def run(self, ctx: WorkloadContext, repetition: int) -> RawOutput:
         p = self.params(ctx)
@@ -252,10 +261,19 @@ class SysbenchCpu:
         return samples
 
 
-class SysbenchMemory:
+class SysbenchMemory(GuestCommand):
     name = "sysbench-memory"
-    primary_metrics = PrimaryMetrics(("throughput_mib_s",))
-    defaults: dict[str, Any] = {"block_size": "1K", "operation": "write", "time": 10, "threads": 1}
+    traits = Traits(
+        summary="memory: sysbench's memory test, MiB/s and operations/s",
+        params=(
+            Param("block_size", "1K", "the block each operation moves (1K, 4K, 1M)"),
+            Param("operation", "write", "read, write or none"),
+            Param("time", 10, "seconds the run lasts"),
+            Param("threads", 1, "threads moving memory at once"),
+        ),
+        primary_metrics=PrimaryMetrics(("throughput_mib_s",)),
+        tools=("sysbench",),
+    )
 
     def params(self, ctx: WorkloadContext) -> dict[str, Any]:
         p = effective_params(self.defaults, ctx.params)
@@ -271,15 +289,8 @@ class SysbenchMemory:
         p = self.params(ctx)
         return memory_command(p["block_size"], p["operation"], p["time"], p["threads"])
 
-    def prepare(self, ctx: WorkloadContext) -> None:
-        self.params(ctx)
-        require_guest_tool(ctx, "sysbench", self.name)
-
-    def run(self, ctx: WorkloadContext, repetition: int) -> RawOutput:
-        p = self.params(ctx)
-        cmd = self.command(ctx)
-        r = run_guest_load(ctx, self.name, cmd, timeout=p["time"] + 120)
-        return r.raw(self.name, cmd, {**p, "vcpus": ctx.vcpus, "repetition": repetition})
+    def timeout(self, params: dict[str, Any]) -> float:
+        return params["time"] + 120
 
     def parse(self, raw: RawOutput) -> list[Sample]:
         try:

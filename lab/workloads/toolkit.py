@@ -20,6 +20,7 @@ is only undefined (the stddev of one run) flags its own row, not the load.
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import os
 import re
@@ -35,8 +36,8 @@ from lab import osfacts, proc
 from lab.errors import LabError, UsageError
 from lab.model import RawOutput, Sample
 from lab.wait import wait_until
-from lab.workloads import WorkloadContext
-from lab.workloads.cpu import GuestLoad
+from lab.workloads import Workload, WorkloadContext
+from lab.workloads.cpu import GuestLoad, run_guest_load
 
 SEGMENT_RE = re.compile(r"^@@lab-segment (?P<tag>[A-Za-z0-9_.-]+) rc=(?P<rc>-?\d+)@@$")
 
@@ -248,15 +249,54 @@ def tool_check_command(tool: str, also_in: tuple[str, ...] = ()) -> str:
 CLIENT_TOOL_HINT = "run `make setup` (this machine), or `lab images build` (a client VM's golden image)"
 
 
-def require_guest_tool(ctx: WorkloadContext, tool: str, workload: str, also_in: tuple[str, ...] = ()) -> None:
-    """Fail early, with the package to add, when a tool is missing in the guest."""
+def require_tools(ctx: WorkloadContext, workload: Workload) -> None:
+    """Each tool the workload's traits name, in the guest (require_guest_tool)."""
+    for tool in workload.traits.tools:
+        require_guest_tool(ctx, tool, workload.name)
+
+
+def require_guest_tool(ctx: WorkloadContext, tool: str, workload: str) -> None:
+    """Fail early, with the package to add, when a tool is missing in the guest (looked for where
+    lab.osfacts.TOOLS says it may be, too)."""
+    also_in = osfacts.TOOLS[tool].dirs if tool in osfacts.TOOLS else ()
     res = ctx.guest.run(tool_check_command(tool, also_in), timeout=30, check=False)
     if res.returncode != 0 or not res.stdout.strip():
-        pkg = osfacts.facts(ctx.os).packages.get(tool, tool)
+        pkg = osfacts.package(ctx.os, tool)
         raise LabError(
             f"{workload}: {tool} is not installed in the guest ({ctx.os})",
             hint=f"add the package {pkg!r} to the {ctx.os} golden image (packer/) and rebuild it",
         )
+
+
+# ---------------------------------------------------------------------------------------------
+# A repetition that is one command line in the guest
+
+
+class GuestCommand(Workload):
+    """A workload whose repetition is one command line run in the guest between two CPU snapshots
+    (sysbench-memory, idle, ping): it says the command and how long it may take; its prepare checks
+    the parameters and the tools its traits name."""
+
+    @abc.abstractmethod
+    def command(self, ctx: WorkloadContext) -> str: ...
+
+    @abc.abstractmethod
+    def timeout(self, params: dict[str, Any]) -> float:
+        """Seconds the command may take before it fails."""
+
+    def recorded(self, ctx: WorkloadContext) -> dict[str, Any]:
+        """What the raw output's params carry besides the parameters, the vCPUs and the repetition."""
+        return {}
+
+    def prepare(self, ctx: WorkloadContext) -> None:
+        self.params(ctx)
+        require_tools(ctx, self)
+
+    def run(self, ctx: WorkloadContext, repetition: int) -> RawOutput:
+        p = self.params(ctx)
+        cmd = self.command(ctx)
+        r = run_guest_load(ctx, self.name, cmd, timeout=self.timeout(p))
+        return r.raw(self.name, cmd, {**p, "vcpus": ctx.vcpus, "repetition": repetition, **self.recorded(ctx)})
 
 
 # ---------------------------------------------------------------------------------------------

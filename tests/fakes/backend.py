@@ -95,6 +95,10 @@ class FakeBackend(Backend):
         self.next_address = 10
         self.probes: dict[str, int] = {}  # cell id -> quiet probes made so far
         self.gone = False  # settings.lost reached: the host answers nothing any more
+        caps = capabilities(settings)  # the parts, as a real backend makes them: where its capabilities say
+        self.bare_metal = FakeBareMetalCells(self) if caps.bare_metal else None
+        self.load_meter = FakeLoadMeter(self) if caps.host_load else None
+        self.warm = FakeWarm(settings) if caps.snapshots else None
 
     @classmethod
     def capabilities(cls, settings: Settings) -> Capabilities:  # type: ignore[override]
@@ -187,44 +191,6 @@ class FakeBackend(Backend):
     def console_text(self, vm: Vm) -> str:
         return "".join(f"console line {i}\n" for i in range(1, 30)) + f"{vm.handle['name']}: FAKE-CONSOLE-END\n"
 
-    def bare_metal(self, run_id: str, cell_id: str, index: int, expires_at: float, client: Client) -> FakeBareMetal:
-        self._injected(cell_id, "clone")
-        name = f"lab-{run_id}-{cell_id}"
-        vm = Vm(
-            spec=None,
-            backend=self.name,
-            handle={"name": name, "cell_id": cell_id},  # type: ignore[arg-type]
-            address=f"10.99.0.{200 + index}",
-        )
-        LIVE[name] = vm
-        JOURNAL.append(("bare_metal", name))
-        s: Settings = self.settings  # type: ignore[assignment]
-        guest = FakeGuest(
-            address=vm.address,
-            facts=osfacts.facts("bare-metal"),
-            nic_driver="veth",
-            vcpus=2,
-            memory_mib=4096,
-            os="bare-metal",
-            fail=s.fail.get(cell_id) or s.fail.get("*"),
-            interrupt=s.interrupt.get(cell_id) or s.interrupt.get("*"),
-            podman="bare-metal" in s.podman,
-            docker="bare-metal" in s.docker,
-        )
-        GUESTS[name] = guest
-        return FakeBareMetal(vm, guest, vm.address, {"cpu_accounting": "fake"})
-
-    def host_load(self, vms: Sequence[Vm]) -> LoadWindow:
-        if self.settings.load_unknown:  # type: ignore[attr-defined]
-            return super().host_load(vms)
-        return FakeLoadWindow(self, vms)
-
-    def warm_snapshots(self) -> list[Owned]:
-        return [Owned("fake", "warm", name, "", detail=build) for name, build in self.settings.warm.items()]
-
-    def remove_warm(self, item: Owned) -> None:
-        JOURNAL.append(("remove_warm", item.name))
-
     def renew_lease(self, vm: Vm, expires_at: float) -> None:
         name = vm.handle["name"]
         if name not in LIVE:
@@ -256,6 +222,59 @@ class FakeBackend(Backend):
 
     def check_images(self, images: Sequence[ImageRef]) -> None:
         JOURNAL.append(("check_images", ",".join(i.name for i in images)))
+
+
+class FakeBareMetalCells:
+    """The fake host's BareMetalCells part."""
+
+    def __init__(self, backend: FakeBackend):
+        self.backend = backend
+
+    def make(self, run_id: str, cell_id: str, index: int, expires_at: float, client: Client) -> FakeBareMetal:
+        self.backend._injected(cell_id, "clone")
+        name = f"lab-{run_id}-{cell_id}"
+        vm = Vm(
+            spec=None,
+            backend=self.backend.name,
+            handle={"name": name, "cell_id": cell_id},  # type: ignore[arg-type]
+            address=f"10.99.0.{200 + index}",
+        )
+        LIVE[name] = vm
+        JOURNAL.append(("bare_metal", name))
+        s: Settings = self.backend.settings  # type: ignore[assignment]
+        guest = FakeGuest(
+            address=vm.address,
+            facts=osfacts.facts("bare-metal"),
+            nic_driver="veth",
+            vcpus=2,
+            memory_mib=4096,
+            os="bare-metal",
+            fail=s.fail.get(cell_id) or s.fail.get("*"),
+            interrupt=s.interrupt.get(cell_id) or s.interrupt.get("*"),
+            podman="bare-metal" in s.podman,
+            docker="bare-metal" in s.docker,
+        )
+        GUESTS[name] = guest
+        return FakeBareMetal(vm, guest, vm.address, {"cpu_accounting": "fake"})
+
+
+class FakeLoadMeter:
+    def __init__(self, backend: FakeBackend):
+        self.backend = backend
+
+    def window(self, vms: Sequence[Vm]) -> LoadWindow:
+        return FakeLoadWindow(self.backend, vms)
+
+
+class FakeWarm:
+    def __init__(self, settings: Settings):
+        self.settings = settings
+
+    def snapshots(self) -> list[Owned]:
+        return [Owned("fake", "warm", name, "", detail=build) for name, build in self.settings.warm.items()]
+
+    def remove(self, item: Owned) -> None:
+        JOURNAL.append(("remove_warm", item.name))
 
 
 BACKEND = FakeBackend

@@ -13,7 +13,7 @@ import random
 from typing import Any
 
 from lab.model import RawOutput, Sample
-from lab.workloads import PrimaryMetrics, WorkloadContext
+from lab.workloads import Param, PrimaryMetrics, Traits, Workload, WorkloadContext
 
 # knob -> is it at its B value in this guest (the values the tests use for B)
 AT_B = {
@@ -26,17 +26,20 @@ AT_B = {
 }
 
 
-class EffectsWorkload:
+class EffectsWorkload(Workload):
     name = "fake-effects"
-    primary_metrics = PrimaryMetrics(("ops_per_s",))
-    defaults: dict[str, Any] = {
-        "base": 1000.0,
-        "main": {},  # knob -> factor at its B value
-        "pair": [],  # [first, second]: the second's factor applies only while the first is at A
-        "pair_ratio": 1.0,
-        "cv": 0.03,
-        "seed": 1,
-    }
+    traits = Traits(
+        summary="a figure with effects planted on the cell's knobs (lab explain on the fake backend)",
+        params=(
+            Param("base", 1000.0, "the figure with every knob at its A value"),
+            Param("main", {}, "knob -> factor at its B value"),
+            Param("pair", [], "[first, second]: the second's factor applies only while the first is at A"),
+            Param("pair_ratio", 1.0, "the second knob's factor in the pair"),
+            Param("cv", 0.03, "the coefficient of variation of the seeded lognormal noise"),
+            Param("seed", 1, "the noise's seed"),
+        ),
+        primary_metrics=PrimaryMetrics(("ops_per_s",)),
+    )
 
     def __init__(self) -> None:
         self.calls = 0

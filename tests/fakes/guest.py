@@ -11,6 +11,7 @@ import shlex
 
 from lab import proc
 from lab.errors import CommandError
+from lab.guest import SshLogin
 from lab.lifecycle import Interrupted
 from lab.osfacts import OsFacts
 
@@ -62,6 +63,9 @@ class FakeGuest:
         load generator is this machine's)."""
         self.commands.append(command)
         return ["sh", "-c", command]
+
+    def ssh_login(self) -> SshLogin:
+        return SshLogin(self.address, 22)  # a guest reached by SSH, as lab.guest.Guest is
 
     def connect(self, timeout: float = 60.0) -> None:
         self.connect_timeout = timeout

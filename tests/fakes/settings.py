@@ -61,4 +61,5 @@ def capabilities(settings: Settings) -> Capabilities:
         max_slots=8,
         places=tuple(settings.places),
         snapshots=bool(settings.warm),
+        host_load=not settings.load_unknown,
     )

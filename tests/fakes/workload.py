@@ -10,19 +10,24 @@ from typing import Any
 
 from lab.errors import UsageError
 from lab.model import RawOutput, Sample
-from lab.workloads import PrimaryMetrics, WorkloadContext
+from lab.workloads import Param, PrimaryMetrics, Traits, Workload, WorkloadContext
 
 
-class FakeWorkload:
+class FakeWorkload(Workload):
     name = "fake-work"
-    primary_metrics = PrimaryMetrics(("ops_per_s",))
-    defaults: dict[str, Any] = {
-        "values": [100.0],
-        "warmup_value": 1.0,
-        "seconds": 1.0,
-        "sleep_s": 0.0,
-        "network": ["guest"],  # places, as git-clone's: another one is a container (lab.isolation.makes_containers)
-    }
+    traits = Traits(
+        summary="deterministic values, one run of `fake-work <rep>` on the guest per repetition",
+        params=(
+            Param("values", [100.0], "the values measured, repetition by repetition (cycled)"),
+            Param("warmup_value", 1.0, "what a warm-up measures"),
+            Param("seconds", 1.0, "the length each run reports"),
+            Param("sleep_s", 0.0, "seconds each run sleeps"),
+            # places, as git-clone's: another one is a container (Workload.own_containers)
+            Param("network", ["guest"], "where it runs"),
+        ),
+        primary_metrics=PrimaryMetrics(("ops_per_s",)),
+        container_places="network",
+    )
 
     def __init__(self):
         self.prepared: list[str] = []

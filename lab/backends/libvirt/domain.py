@@ -142,7 +142,7 @@ def context(
         "disk_bus": spec.disk_bus.value,
         "disk_dev": host.caps.disk_dev[spec.disk_bus],
         "disk_format": host.disk_format,
-        "nic": spec.nic.value,
+        "nic": host.caps.nics[spec.nic],
         "mac": placement.mac,
         "bridge": host.bridge,
         "network": host.network,

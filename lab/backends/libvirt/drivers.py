@@ -10,7 +10,7 @@ from typing import Literal
 from urllib.parse import urlsplit
 
 from lab.errors import SettingError
-from lab.model import DiskBus, NicModel
+from lab.model import DiskBus, NicModel, named_as_lab
 
 Driver = Literal["bhyve", "qemu"]
 
@@ -43,7 +43,7 @@ FEATURES = (
 @dataclass(frozen=True)
 class DriverCaps:
     driver: Driver
-    nics: frozenset[NicModel]
+    nics: dict[NicModel, str]  # the interface <model type> per NIC model the driver offers
     disk_buses: frozenset[DiskBus]
     disk_formats: frozenset[str]
     disk_dev: dict[DiskBus, str]  # target dev per bus, as the driver's own test data names them
@@ -57,7 +57,7 @@ class DriverCaps:
 DRIVERS: dict[str, DriverCaps] = {
     "bhyve": DriverCaps(
         driver="bhyve",
-        nics=frozenset({NicModel.VIRTIO, NicModel.E1000}),
+        nics=named_as_lab(NicModel.VIRTIO, NicModel.E1000),
         disk_buses=frozenset({DiskBus.SATA, DiskBus.VIRTIO, DiskBus.NVME}),
         disk_formats=frozenset({"raw"}),
         disk_dev={DiskBus.SATA: "hda", DiskBus.VIRTIO: "vda", DiskBus.NVME: "nvme0n1"},
@@ -66,7 +66,7 @@ DRIVERS: dict[str, DriverCaps] = {
         max_vcpus=16,
         boot_modes=frozenset({"uefi", "bios"}),
         since={
-            "e1000": version(3, 1),
+            NicModel.E1000.value: version(3, 1),
             "uefi": version(3, 2),
             "topology": version(4, 5),
             "nvme": version(11, 9),
@@ -76,7 +76,7 @@ DRIVERS: dict[str, DriverCaps] = {
     ),
     "qemu": DriverCaps(
         driver="qemu",
-        nics=frozenset(NicModel),
+        nics=named_as_lab(*NicModel),
         # bus='nvme' disks are newer than the libvirt (9.0) we test against: left out on purpose
         disk_buses=frozenset({DiskBus.VIRTIO, DiskBus.SCSI, DiskBus.SATA, DiskBus.IDE}),
         disk_formats=frozenset({"qcow2", "raw"}),

@@ -13,8 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from lab import proc
+from lab.backends.libvirt import domain
 from lab.backends.libvirt.disks import Disks, manifest_digest
-from lab.errors import UsageError
+from lab.backends.libvirt.owned import Inventory
+from lab.errors import BackendError, UsageError
 from lab.model import ImageRef
 
 Step = tuple[list[str], str | None]  # a host command, and the local file fed on its stdin (or None)
@@ -121,3 +123,28 @@ def publish_files(disks: Disks, image: ImageRef, lab_domains: Callable[[], list[
     disks.refresh_pool()
     disks.forget_golden(image)
     return f"file:{dst}"
+
+
+class Publishing:
+    """The libvirt host's Publishing part (lab.backends.base)."""
+
+    def __init__(self, disks: Disks, inventory: Inventory):
+        self.host, self.disks, self.inventory = disks.host, disks, inventory
+
+    def publish(self, image: ImageRef) -> str:
+        """Put `image` on the host so clones can be made of it; returns where it went
+        ("zfs:POOL/DS/NAME@gold" or "file:/DIR/NAME.qcow2"). Idempotent for the same recipe."""
+        if self.host.test_uri:
+            raise UsageError(f"host {self.host.name!r} is a test:/// URI: nothing to publish to")
+        domain.require_boot(self.host, image)
+        if self.host.driver == "bhyve":
+            return publish_zvol(self.disks, image)
+        return publish_files(self.disks, image, self._lab_domains)
+
+    def _lab_domains(self) -> list[str]:
+        """The lab's domains on the host; BackendError when some could not be read (any of them
+        could stand on what is about to change)."""
+        leases, unchecked = self.inventory.leases()
+        if unchecked:
+            raise BackendError(f"cannot tell which lab domains are on {self.host.name!r}: {'; '.join(unchecked)}")
+        return [dom.name() for dom, _ in leases]

@@ -109,33 +109,96 @@ Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 class Settings(HostSettings):
     backend: Literal["libvirt"]
-    uri: str
-    ssh: str | None = None  # default: from a +ssh URI; None on a local URI: commands run here
-    dataset: str | None = None  # bhyve: required
-    golden: str = "{dataset}/{image}@gold"
-    firmware: Literal["uefi", "bhyveload"] = "uefi"  # bhyve
-    loader: str = BHYVE_UEFI  # bhyve
-    dir: str = Field(default=DEFAULT_QEMU_DIR, validation_alias=AliasChoices("dir", "pool_dir"))  # QEMU
-    pool: str = ""  # QEMU: a storage pool whose target path replaces dir
-    images_dir: str = ""  # QEMU: "" = dir (the pool's path)
-    disk_format: Literal["qcow2", "raw"] | None = None  # per driver: bhyve raw, QEMU qcow2
-    bridge: str | None = None  # per driver: bhyve bridge0, QEMU none (user networking)
-    network: str = ""
-    subnet: str | None = None
-    prefix: int | None = Field(default=None, ge=8, le=32)  # default: the subnet's, else 24
-    gateway: str = ""
-    client_address: str | None = None  # default: gateway
-    domain_type: Literal["qemu", "kvm"] = "qemu"  # QEMU
-    machine: str = "pc"  # QEMU
-    bios: str = ""  # QEMU
-    cpu_mode: str | None = None  # QEMU, per domain_type: host-passthrough with kvm, none with qemu
-    boot: Literal["auto", "kernel", "disk"] = "auto"  # QEMU
-    cmdline: str = ""  # QEMU: "" = the image manifest's, else DEFAULT_CMDLINE
-    dac_label: str = ""  # QEMU
-    guest_agent: bool = False  # QEMU only
-    flavour: Literal["qemu", "bhyve"] | None = None  # test:/// URIs only
-    ssh_port: int = Field(default=22, ge=1, le=65535)
-    boot_timeout: float = Field(default=300.0, gt=0, le=3600)
+    uri: str = Field(
+        description="the libvirt URI: bhyve+ssh://root@bsd1/system, qemu:///system, qemu+ssh://...; it picks the driver"
+    )
+    ssh: str | None = Field(
+        default=None,
+        description=(
+            'where the host\'s own commands (zfs, qemu-img, arp) run, e.g. "-p 2222 root@bsd1" (default: from a +ssh '
+            "URI; a local URI runs them here)"
+        ),
+    )
+    dataset: str | None = Field(
+        default=None, description="bhyve hosts: the ZFS dataset golden zvols and their clones live in (required there)"
+    )
+    golden: str = Field(
+        default="{dataset}/{image}@gold",
+        description=(
+            'bhyve hosts: the golden snapshot clones are made from, e.g. "{dataset}/{image}-{digest}@gold" for a zvol '
+            "per recipe"
+        ),
+    )
+    firmware: Literal["uefi", "bhyveload"] = Field(
+        default="uefi", description="bhyve hosts: uefi (BHYVE_UEFI.fd, read-only) or bhyveload (FreeBSD guests)"
+    )
+    loader: str = Field(default=BHYVE_UEFI, description="bhyve hosts: the UEFI firmware file on the host (absolute)")
+    dir: str = Field(
+        default=DEFAULT_QEMU_DIR,
+        validation_alias=AliasChoices("dir", "pool_dir"),
+        description="QEMU hosts: clones and console logs (absolute; `pool_dir` is the same key)",
+    )
+    pool: str = Field(default="", description="QEMU hosts: a storage pool whose target path replaces dir")
+    images_dir: str = Field(
+        default="",
+        description=(
+            'QEMU hosts: where `lab images publish` puts the image, its kernel, initrd and manifest ("": dir, or the '
+            "pool's path)"
+        ),
+    )
+    disk_format: Literal["qcow2", "raw"] | None = Field(
+        default=None, description="the clones' disk format (default per driver: bhyve raw, QEMU qcow2)"
+    )
+    bridge: str | None = Field(
+        default=None,
+        description="the bridge the guest's NIC joins (default per driver: bhyve bridge0, QEMU none: user networking)",
+    )
+    network: str = Field(default="", description="a libvirt network the NIC joins instead of a bridge")
+    subnet: str | None = Field(
+        default=None,
+        description="static guest addresses from this subnet (QEMU direct kernel boot: lab.ip=); unset: DHCP",
+    )
+    prefix: int | None = Field(
+        default=None, ge=8, le=32, description="prefix length of the static addresses (default: the subnet's, else 24)"
+    )
+    gateway: str = Field(default="", description='the static addresses\' gateway ("": none)')
+    client_address: str | None = Field(
+        default=None, description="where iperf3/wrk listen, as the guests see this machine (default: gateway)"
+    )
+    domain_type: Literal["qemu", "kvm"] = Field(default="qemu", description="QEMU hosts: qemu (TCG) or kvm")
+    machine: str = Field(default="pc", description="QEMU hosts: the QEMU machine type")
+    bios: str = Field(
+        default="",
+        description=(
+            "QEMU hosts: a firmware ROM instead of SeaBIOS, e.g. /usr/share/qemu/qboot.rom (absolute; cannot boot from "
+            "disk)"
+        ),
+    )
+    cpu_mode: str | None = Field(
+        default=None,
+        description=(
+            "QEMU hosts: the domain's CPU mode (default per domain_type: host-passthrough with kvm, none with qemu)"
+        ),
+    )
+    boot: Literal["auto", "kernel", "disk"] = Field(
+        default="auto",
+        description=(
+            "QEMU hosts: kernel: direct kernel boot; disk: the disk's bootloader; auto: kernel where the image has one"
+        ),
+    )
+    cmdline: str = Field(
+        default="",
+        description='QEMU hosts: the kernel command line of a direct kernel boot ("": the image manifest\'s)',
+    )
+    dac_label: str = Field(
+        default="", description='QEMU hosts: the domain\'s DAC security label, e.g. "+0:+0" ("": libvirt\'s default)'
+    )
+    guest_agent: bool = Field(default=False, description="QEMU hosts: add the qemu-guest-agent channel (bhyve: never)")
+    flavour: Literal["qemu", "bhyve"] | None = Field(
+        default=None, description="test:/// URIs only (contract tests): which driver the test driver stands for"
+    )
+    ssh_port: int = Field(default=22, ge=1, le=65535, description="the guests' SSH port")
+    boot_timeout: float = Field(default=300.0, gt=0, le=3600, description="seconds a VM may take to boot and answer")
 
     @field_validator("uri")
     @classmethod
@@ -340,12 +403,13 @@ def capabilities(settings: Settings) -> Capabilities:
     snapshots = "save-restore" in caps.features
     return Capabilities(
         description=f"libvirt/{caps.driver}",
-        nic_models=caps.nics,
+        nic_models=frozenset(caps.nics),
         disk_buses=caps.disk_buses,
         clone_kinds=frozenset(CloneKind),
         boot_modes=caps.boot_modes,
         max_vcpus=caps.max_vcpus,
         snapshots=snapshots,
+        host_load=True,  # /proc/stat or kern.cp_time over the backend's link (hostload.LoadMeter)
         missing={}
         if snapshots
         else {

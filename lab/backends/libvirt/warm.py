@@ -214,7 +214,7 @@ class WarmStore:
         record = {"lab": WARM_NS, "name": name, "key": key, "image": spec.image.name}
         try:
             self.shell.run(["mkdir", "-p", self.disks.clone_dir()], what="mkdir")
-            # first: a build that dies is still listed (warm_snapshots), and removable
+            # first: a build that dies is still listed (WarmStart.snapshots), and removable
             self.shell.write(self._path(name, ".json"), json.dumps({**record, "status": "building"}) + "\n")
             self.shell.run(
                 [

@@ -28,7 +28,7 @@ from lab import images, proc, tuning
 from lab.backends.local import host, layout
 from lab.errors import LabError, TimeoutError_
 from lab.guest import HostGuest
-from lab.model import Vm
+from lab.model import Client, Vm
 from lab.osfacts import facts as os_facts
 from lab.wait import wait_until
 
@@ -238,3 +238,23 @@ def nginx_conf(text: str, *, root: Path, key: Path, crt: Path, rundir: Path) -> 
 def nginx_quote(path: Path) -> str:
     """Pure: a path as one nginx configuration argument (double-quoted, \\ and " escaped)."""
     return '"' + str(path).replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+class BareMetalCells:
+    """The local host's BareMetalCells part (lab.backends.base): this machine as a cell, on the
+    run's bridge."""
+
+    def __init__(self, backend: str, workdir: Path, subnet: str):
+        self.backend, self.workdir, self.subnet = backend, workdir, subnet
+
+    def make(self, run_id: str, cell_id: str, index: int, expires_at: float, client: Client) -> BareMetal:
+        return create(
+            workdir=self.workdir,
+            subnet=self.subnet,
+            backend=self.backend,
+            run_id=run_id,
+            cell_id=cell_id,
+            index=index,
+            expires_at=expires_at,
+            bridge_ns=client.netns or layout.netns_name(run_id),
+        )

@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from lab.hostload import TICK, lab_pids, parse_proc_stat, read_processes
+from lab.hostload import TICK, CounterWindow, LoadWindow, lab_pids, parse_proc_stat, read_processes
 from lab.model import Vm
 
 PROC = Path("/proc")
@@ -90,3 +90,12 @@ def cpu_times(vms: Iterable[Vm], *, root: int | None = None, proc_dir: Path = PR
         "cpus": host.cpus,
         "lab_s": sum(procs[pid][1] for pid in ours) / TICK,
     }
+
+
+class LoadMeter:
+    """The local host's LoadMeter part (lab.backends.base): a window over this machine's CPU
+    counters, busy time and the lab's own share of it, so foreign load and steal show (issue 24)."""
+
+    def window(self, vms: Sequence[Vm]) -> LoadWindow:
+        vms = list(vms)
+        return CounterWindow(lambda: cpu_times(vms))

@@ -10,20 +10,16 @@ from pathlib import Path
 
 from lab import images, proc
 from lab.errors import LabError, UsageError
-from lab.model import Accel, DiskBus, ImageRef, NicModel, VmSpec
+from lab.model import Accel, DiskBus, ImageRef, NicModel, VmSpec, named_as_lab
 
 QEMU = "qemu-system-x86_64"
 QBOOT = Path("/usr/share/qemu/qboot.rom")  # a fast firmware for direct kernel boot, where installed
 READY_MARKER = b"LAB-READY"  # the golden image prints it on the serial console once sshd listens
 DEFAULT_CMDLINE = "console=ttyS0 root=LABEL=labroot rw net.ifnames=0"
 
-NIC_DEVICE = {
-    NicModel.VIRTIO: "virtio-net-pci",
-    NicModel.E1000: "e1000",
-    NicModel.E1000E: "e1000e",
-    NicModel.RTL8139: "rtl8139",
-    NicModel.VMXNET3: "vmxnet3",
-}
+# The NIC models the local backend offers (Capabilities.nic_models): QEMU's -device per model, which
+# names all but virtio-net as the lab does.
+NIC_DEVICE = {NicModel.VIRTIO: "virtio-net-pci", **named_as_lab(*(m for m in NicModel if m is not NicModel.VIRTIO))}
 
 DISK_DEVICES = {
     DiskBus.VIRTIO: ["-device", "virtio-blk-pci,drive=d0"],

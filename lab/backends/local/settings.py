@@ -10,7 +10,8 @@ from pydantic import Field, field_validator
 
 from lab.backends import fields
 from lab.backends.base import Capabilities, HostSettings
-from lab.model import CloneKind, DiskBus, NicModel
+from lab.backends.local.qemu import DISK_DEVICES, NIC_DEVICE
+from lab.model import CloneKind
 
 # Machines of one run up at once ([hosts.local] slots): each is a QEMU with its own tap, address and
 # MAC in the run's namespace; a handful is all a workstation's cores make sense for.
@@ -19,13 +20,25 @@ MAX_SLOTS = 8
 
 class Settings(HostSettings):
     backend: Literal["local"]
-    accel: Literal["auto", "kvm", "tcg"] = "auto"
+    accel: Literal["auto", "kvm", "tcg"] = Field(
+        default="auto",
+        description="auto: boot a kernel under KVM once and fall back to TCG if it is silent; kvm or tcg force one",
+    )
     # clones, pidfiles, consoles, leases; shared by runs so `lab gc` finds them. Default: "local" in
     # the lab's private state directory (lab.statedir, BackendEnv.state_dir). Root acts on what
     # is found there, so it must be this user's alone (checked before a run: lab.statedir.check)
-    workdir: str | None = None
-    subnet: str = "10.77.0"  # /24 inside the run's own network namespace
-    boot_timeout: float = Field(default=240.0, gt=0, le=3600)
+    workdir: str | None = Field(
+        default=None,
+        description=(
+            'clones, pidfiles, consoles, leases, shared by runs so `lab gc` finds them (default: "local" in the state '
+            "directory); must be this user's alone"
+        ),
+    )
+    subnet: str = Field(
+        default="10.77.0",
+        description="first three octets of the run's /24 inside its own network namespace (bridge .1, VMs .10-.249)",
+    )
+    boot_timeout: float = Field(default=240.0, gt=0, le=3600, description="seconds a VM may take to boot and answer")
 
     @field_validator("workdir")
     @classmethod
@@ -50,13 +63,14 @@ def capabilities(settings: Settings) -> Capabilities:
     return Capabilities(
         description="local QEMU",
         max_slots=MAX_SLOTS,
-        nic_models=frozenset(NicModel),
-        disk_buses=frozenset(DiskBus),
+        nic_models=frozenset(NIC_DEVICE),
+        disk_buses=frozenset(DISK_DEVICES),
         clone_kinds=frozenset(CloneKind),
         boot_modes=frozenset({"kernel"}),
         max_vcpus=128,
         snapshots=True,  # warm start: lab.backends.local.warm
         bare_metal=True,
+        host_load=True,  # this machine's CPU counters (lab.backends.local.hostload)
         lab_side_link=True,
         # the host is this machine: a run waits for it to be quiet before each measured repetition
         # ([suite] quiet_host defaults to "wait"; lab.backends.local.hostload measures it)

@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lab import proc
+from lab import osfacts, proc
 from lab.backends.local import host
 from lab.backends.local.monitor import GuestAgent, Qmp
 from lab.errors import BackendError, LabError
@@ -43,7 +43,6 @@ FIRMWARE = "seabios+kernel"  # vmgenid needs firmware with the ACPI table loader
 STORE = "warm"
 META = "meta.json"
 DISK, RAM, STATE = "disk.qcow2", "ram", "state"
-WARM_OSES = frozenset({"debian"})  # the fix-ups are iproute2 lines run by the Linux guest agent
 SETTLE_TIMEOUT = 180.0  # the template's boot settling (systemd) after LAB-READY
 AGENT_TIMEOUT = 15.0
 # The template settles before it is saved: what the boot started has finished (nginx comes after
@@ -124,7 +123,7 @@ def unusable_here(meta: dict[str, Any], qemu: str) -> bool:
 
 def refusal(image: ImageRef) -> str | None:
     """Pure: why `image` cannot be started warm on this backend, or None."""
-    if image.os not in WARM_OSES:
+    if image.os not in osfacts.OSES or not osfacts.facts(image.os).warm_fixups:
         return f"warm start fixes up Linux guests (iproute2 through the guest agent); {image.name} is {image.os}"
     if image.manifest.get("guest_agent") is False:
         return f"image {image.name} has no QEMU guest agent (the manifest says guest_agent = false)"

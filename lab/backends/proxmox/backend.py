@@ -3,9 +3,10 @@
 The Backend seam, put together from the package's parts:
 - settings.py: the keys of `[hosts.NAME] backend = "proxmox"`, their defaults, capabilities;
 - session.py: login (API token or ticket), TLS, the guard that maps errors, tasks by UPID, retries;
-- host.py: the checks before anything is created, a node's facts; privileges.py: what the
-  credentials may do, against what the cells need;
-- templates.py: the template the lab published for an image; publish.py: `lab images publish`;
+- host.py: the checks before anything is created, a node's facts, the host's load (its LoadMeter
+  part); privileges.py: what the credentials may do, against what the cells need;
+- templates.py: the template the lab published for an image; publish.py: `lab images publish` (its
+  Publishing part);
 - placement.py: VMIDs, nodes, clone/destroy slots; vms.py: clone, configure, start; teardown.py: destroy;
 - addresses.py: the guest's address (pool, static, agent, ARP);
 - ownership.py: the marker and description by which `lab gc` finds what the lab made, and nothing else.
@@ -16,8 +17,7 @@ A serial console cannot be read through the API: console_text() is "" (the base'
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,14 +34,10 @@ from lab.backends.proxmox.settings import Settings, capabilities
 from lab.backends.proxmox.teardown import destroy_vmid
 from lab.backends.proxmox.templates import Templates
 from lab.backends.proxmox.vms import Machines
-from lab.errors import HostUnreachable, IncompleteListing, LabError, SettingError, TeardownError, UnreachableError
-from lab.hostload import LoadWindow, PollingWindow
+from lab.errors import HostUnreachable, IncompleteListing, LabError, SettingError, TeardownError
 from lab.lease import owner_or_empty
 from lab.model import ImageRef, Owned, Vm, VmSpec
 from lab.runlock import RunLocks
-
-# PVE updates a rate at most every 1000 ticks of all CPUs (1.25 s on 8 CPUs): poll a little slower
-HOST_LOAD_POLL_S = 2.0
 
 
 class ProxmoxBackend(Backend):
@@ -66,7 +62,8 @@ class ProxmoxBackend(Backend):
             slots=self.slots,
             ssh_keys=self._ssh_keys(),
         )
-        self.publisher = Publisher(self.session, self.templates, self.vmids, self.privileges)
+        self.publishing = Publisher(self.session, self.templates, self.vmids, self.privileges, self.env.source)
+        self.load_meter = host.LoadMeter(self.session)
         self._run_locks = RunLocks(self._run_lock_path)
 
     def __repr__(self) -> str:
@@ -105,7 +102,7 @@ class ProxmoxBackend(Backend):
     def check(self) -> None:
         """Before anything is created: the API, the nodes, and every privilege a cell needs that
         does not depend on its image (the template's: check_images). Unreachable: exit 2."""
-        with _before_anything():
+        with host.before_anything():
             host.check(self.session, self.env.source)
             needs: list[Need] = []
             if str(self.settings.template).isdigit():  # a pinned template: its own privileges first
@@ -118,7 +115,7 @@ class ProxmoxBackend(Backend):
         """Before anything is created: every image has a template the lab published for it (its
         recipe digest and sha256) that this host can clone on every node it may place a VM on, and
         the credentials may clone it."""
-        with _before_anything():
+        with host.before_anything():
             for image in images:
                 self.templates.check(image)
                 for n in self.settings.clone_nodes:
@@ -131,7 +128,7 @@ class ProxmoxBackend(Backend):
     def describe_images(self, images: Sequence[ImageRef]) -> list[str]:
         """Which template each image's cells clone (per node), and what of that name was passed
         over: for the plan to print. Raises like check_images."""
-        with _before_anything():
+        with host.before_anything():
             return [line for image in images for line in self.templates.describe(image)]
 
     def facts(self) -> dict[str, Any]:
@@ -158,20 +155,6 @@ class ProxmoxBackend(Backend):
                 except (ApiError, HostUnreachable) as exc:  # e.g. 595: that node is down; the others still count
                     facts["node_facts"][n] = {"error": str(exc).removeprefix(f"{self.host_name}: ")}
         return facts
-
-    def host_load(self, vms: Sequence[Vm]) -> LoadWindow:
-        """The node the cell's VM runs on: its CPU from the API minus the lab's own VMs on it,
-        polled every HOST_LOAD_POLL_S while the window is open (PVE gives rates, not counters)."""
-        node = next((vm.handle["node"] for vm in vms if vm.handle.get("node")), self.settings.node)
-        vmids = [int(vm.handle["vmid"]) for vm in vms if vm.handle.get("node") == node and vm.handle.get("vmid")]
-        return PollingWindow(lambda: host.cpu_rates(self.session, node, vmids), interval=HOST_LOAD_POLL_S)
-
-    # -- images -------------------------------------------------------------------------------------------
-    def publish_image(self, image: ImageRef) -> str:
-        """The API and nodes first; the publisher checks what publishing needs (not what cells do)."""
-        with _before_anything():
-            host.check(self.session, self.env.source)
-        return self.publisher.publish(image)
 
     # -- per run --------------------------------------------------------------------------------------------
     def _run_lock_path(self, run_id: str) -> Path:
@@ -268,18 +251,6 @@ class ProxmoxBackend(Backend):
         if listing.unchecked:
             raise LabError(f"{self.host_name}: kept the lock of run {item.run_id}: {'; '.join(listing.unchecked)}")
         runlock.remove_if_dead(Path(item.detail))
-
-
-@contextmanager
-def _before_anything() -> Iterator[None]:
-    """Checks run before anything is created: a host that cannot be reached then is UnreachableError
-    (a UsageError, exit 2), not the runtime HostUnreachable (exit 1)."""
-    try:
-        yield
-    except UnreachableError:
-        raise
-    except HostUnreachable as exc:
-        raise UnreachableError(str(exc), exc.hint) from None
 
 
 BACKEND = ProxmoxBackend

@@ -5,11 +5,17 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from lab.backends.proxmox.session import ApiError, Session, is_transient
 from lab.errors import ConfigError, HostUnreachable, UnreachableError
-from lab.hostload import CpuRates
+from lab.hostload import CpuRates, LoadWindow, PollingWindow
+from lab.model import Vm
+
+# PVE updates a rate at most every 1000 ticks of all CPUs (1.25 s on 8 CPUs): poll a little slower
+HOST_LOAD_POLL_S = 2.0
 
 PRECHECK_RETRY = 5.0  # a host that does not answer to a look is reported soon, not retried for long
 
@@ -99,3 +105,29 @@ def cpu_rates(session: Session, node: str, vmids: list[int]) -> CpuRates:
         vs = session.get(f"GET status of VM {vmid}", session.qemu(node, vmid).status.current, until=soon(session))
         lab += float(vs.get("cpu") or 0.0) * int(vs.get("cpus") or 1)
     return CpuRates(at=at, busy_cores=float(st.get("cpu") or 0.0) * cpus, lab_cores=lab, steal_cores=None, cpus=cpus)
+
+
+class LoadMeter:
+    """The host's load under a repetition: the node the cell's VM runs on, its CPU from the API
+    minus the lab's own VMs on it, polled every HOST_LOAD_POLL_S while the window is open (PVE gives
+    rates, not counters)."""
+
+    def __init__(self, session: Session):
+        self.session = session
+
+    def window(self, vms: Sequence[Vm]) -> LoadWindow:
+        node = next((vm.handle["node"] for vm in vms if vm.handle.get("node")), self.session.settings.node)
+        vmids = [int(vm.handle["vmid"]) for vm in vms if vm.handle.get("node") == node and vm.handle.get("vmid")]
+        return PollingWindow(lambda: cpu_rates(self.session, node, vmids), interval=HOST_LOAD_POLL_S)
+
+
+@contextmanager
+def before_anything() -> Iterator[None]:
+    """Checks run before anything is created: a host that cannot be reached then is UnreachableError
+    (a UsageError, exit 2), not the runtime HostUnreachable (exit 1)."""
+    try:
+        yield
+    except UnreachableError:
+        raise
+    except HostUnreachable as exc:
+        raise UnreachableError(str(exc), exc.hint) from None

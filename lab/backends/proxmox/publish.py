@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from lab import images
+from lab import images, osfacts
+from lab.backends.proxmox import host
 from lab.backends.proxmox.ownership import TEMPLATE_TAG, dns_name, template_description
 from lab.backends.proxmox.placement import Vmids
 from lab.backends.proxmox.privileges import Privileges, for_publish
@@ -37,13 +38,18 @@ TEMPLATE_MEMORY_MIB = 1024  # a clone gets the cell's size; this is only the tem
 
 
 class Publisher:
-    def __init__(self, session: Session, templates: Templates, vmids: Vmids, privileges: Privileges):
+    """The host's Publishing part (lab.backends.base): `lab images publish NAME HOST`."""
+
+    def __init__(self, session: Session, templates: Templates, vmids: Vmids, privileges: Privileges, source: str):
         self.session, self.settings, self.host = session, session.settings, session.host
         self.templates, self.vmids, self.privileges = templates, vmids, privileges
-        self.node = self.settings.node
+        self.node, self.source = self.settings.node, source
 
     def publish(self, image: ImageRef) -> str:
-        """Make `image` a template on `node` and return its name. Call after the host's check()."""
+        """Make `image` a template on `node` and return its name. The API and nodes are checked
+        first; what publishing needs (not what cells do) is checked on the way."""
+        with host.before_anything():
+            host.check(self.session, self.source)
         images.require_boot(image, "bios", f"a Proxmox VE template on {self.host} boots its disk by SeaBIOS")
         name = self.templates.name(image)
         if name.isdigit():
@@ -126,7 +132,7 @@ class Publisher:
             "cores": 1,
             "sockets": 1,
             "cpu": self.settings.cpu_type,
-            "ostype": "l26" if image.os in ("debian", "alpine", "ubuntu") else "other",
+            "ostype": osfacts.facts(image.os).pve_ostype,
             "scsihw": "virtio-scsi-single",
             "scsi0": f"{storage}:0,import-from={source}",
             "ide2": f"{storage}:cloudinit",

@@ -17,7 +17,7 @@ from lab import paths
 from lab.backends import fields
 from lab.backends.base import Capabilities, HostSettings
 from lab.backends.proxmox.tls import normalise
-from lab.model import CloneKind, DiskBus, NicModel
+from lab.model import CloneKind, DiskBus, NicModel, named_as_lab
 
 PVE_NODE = r"^[a-zA-Z0-9]([a-zA-Z0-9\-]*[a-zA-Z0-9])?$"  # PVE's pve-node format
 
@@ -27,70 +27,135 @@ class Timeouts(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    http: float = Field(30.0, gt=0, le=86400)  # one API call
+    http: float = Field(30.0, gt=0, le=86400, description="one API call")
     # how long an idempotent call (GET; stop or delete of the lab's own VM) is retried on a lost
     # connection, a 5xx or a lock timeout when its operation has no deadline of its own
-    retry: float = Field(60.0, gt=0, le=86400)
-    clone: float = Field(600.0, gt=0, le=86400)  # the clone task (and its lock retries)
-    config: float = Field(60.0, gt=0, le=86400)  # configuring a clone; the address lock
-    start: float = Field(120.0, gt=0, le=86400)
-    stop: float = Field(120.0, gt=0, le=86400)  # PVE's stop `timeout` (then it kills QEMU); its task may outlast it
+    retry: float = Field(
+        60.0,
+        gt=0,
+        le=86400,
+        description="how long an idempotent call is retried on a lost connection, a 5xx or a lock timeout",
+    )
+    clone: float = Field(600.0, gt=0, le=86400, description="the clone task (and its lock retries)")
+    config: float = Field(60.0, gt=0, le=86400, description="configuring a clone; the address lock")
+    start: float = Field(120.0, gt=0, le=86400, description="starting the VM")
+    stop: float = Field(
+        120.0, gt=0, le=86400, description="PVE's stop `timeout` (then it kills QEMU); its task may outlast it"
+    )
     # the teardown deadline: stop + delete keep trying (locks, lost connections, a slow stop task)
     # this long, then the VM is left to `lab gc` with one line naming it and its lock holder
-    destroy: float = Field(300.0, gt=0, le=86400)
-    ready: float = Field(600.0, gt=0, le=86400)  # when wait_ready is given no timeout
-    agent: float = Field(60.0, gt=0, le=86400)  # the guest agent, before the static address or ARP
-    publish: float = Field(1800.0, gt=0, le=86400)  # upload + import + template
+    destroy: float = Field(
+        300.0,
+        gt=0,
+        le=86400,
+        description="the teardown deadline: stop + delete keep trying this long, then the VM is left to `lab gc`",
+    )
+    ready: float = Field(
+        600.0, gt=0, le=86400, description="the guest being ready, when wait_ready is given no timeout"
+    )
+    agent: float = Field(60.0, gt=0, le=86400, description="the guest agent, before the static address or ARP")
+    publish: float = Field(1800.0, gt=0, le=86400, description="upload + import + template of `lab images publish`")
 
 
 class Settings(HostSettings):
     backend: Literal["proxmox"]
-    url: str  # https://pve1.example:8006
-    node: str  # holds the template; `lab images publish` puts it there
+    url: str = Field(description="the API, e.g. https://pve1.example:8006")
+    node: str = Field(description="the node that holds the template; `lab images publish` puts it there")
     # where clones may run (default: [node]); a node without its own template of the same name gets
     # clones through `target=` (shared storage)
-    nodes: list[str] | None = None
+    nodes: list[str] | None = Field(
+        default=None,
+        description=(
+            "cluster: where clones may run (default: [node]); a node without its own template gets clones through "
+            "target= (shared storage)"
+        ),
+    )
     # pack: one lane, its VMs on the first listed node that is online with the memory free (a
     # comparison shares a node). spread: each of `nodes` is a lane of its own (lab.runner.lanes): a
     # run deals its cells to the nodes and runs them at once, each VM on its lane's node; a VM made
     # outside a run goes to the node with the fewest of the lab's VMs so far, then the most free memory
-    placement: Literal["pack", "spread"] = "pack"
-    storage: str = "local-lvm"  # full clones and published templates (linked clones stay with the template)
-    import_storage: str = "local"  # receives the upload of `lab images publish`
-    bridge: str = "vmbr0"  # of net0
-    template: str | int = "lab-{image}"  # a VMID, or a name; "{image}" becomes the image's name
-    token: str | None = None  # "env:NAME" or "file:/path" holding user@realm!tokenid=SECRET
-    user: str | None = None  # ticket login (user@realm) with password; an expired ticket is renewed once
-    password: str | None = None  # "env:NAME" or "file:/path"
-    verify_tls: bool = True
+    placement: Literal["pack", "spread"] = Field(
+        default="pack",
+        description="pack: one lane, the first listed node with room; spread: a lane per node, cells dealt to them",
+    )
+    storage: str = Field(
+        default="local-lvm", description="full clones and published templates (linked clones stay with the template)"
+    )
+    import_storage: str = Field(default="local", description="receives the upload of `lab images publish`")
+    bridge: str = Field(default="vmbr0", description="the bridge of net0")
+    template: str | int = Field(
+        default="lab-{image}", description='a VMID, or a name; "{image}" becomes the image\'s name'
+    )
+    token: str | None = Field(
+        default=None, description='the API token: "env:NAME" or "file:PATH" holding user@realm!tokenid=SECRET'
+    )
+    user: str | None = Field(
+        default=None, description="ticket login (user@realm) with password; an expired ticket is renewed once"
+    )
+    password: str | None = Field(default=None, description='the ticket login\'s password: "env:NAME" or "file:PATH"')
+    verify_tls: bool = Field(
+        default=True,
+        description="verify the node's TLS certificate (against requests' CA bundle, ca_file or fingerprint)",
+    )
     # the cluster CA (/etc/pve/pve-root-ca.pem) to verify against; relative to lab.toml's folder.
     # Read when lab.toml is: a missing or unreadable file is an error naming it, before anything runs
-    ca_file: str | None = None
+    ca_file: str | None = Field(
+        default=None,
+        description="the cluster CA (/etc/pve/pve-root-ca.pem) to verify against; relative to lab.toml's folder",
+    )
     # or: the node certificate itself, pinned by its SHA-256 fingerprint as PVE's GUI shows it
     # (Node > System > Certificates): "sha256:AB:CD:…". Checked on every connection, instead of a CA
-    fingerprint: str | None = None
+    fingerprint: str | None = Field(
+        default=None,
+        description=(
+            "or: the node certificate itself, pinned by its SHA-256 fingerprint as PVE's GUI shows it "
+            '("sha256:AB:CD:…")'
+        ),
+    )
     # clone and destroy calls in flight at once per node and per storage (from this process, all
     # hosts on the same cluster together): PVE serialises them behind locks that time out after 10 s
-    concurrency: int = Field(default=1, ge=1, le=32)
-    cpu_type: str = "host"
-    ci_user: str = "lab"  # cloud-init user
-    ssh_keys: str | list[str] | None = None  # public keys for cloud-init (default: the lab's key)
-    client_address: str = ""  # this machine as the guests see it (iperf3/wrk servers)
-    client_netns: str = ""  # load generators and SSH run in this network namespace of this machine
+    concurrency: int = Field(
+        default=1,
+        ge=1,
+        le=32,
+        description=(
+            "clone and destroy calls in flight at once per node and per storage (PVE serialises them behind locks)"
+        ),
+    )
+    cpu_type: str = Field(default="host", description='the VMs\' CPU type, e.g. "host" or "x86-64-v2-AES"')
+    ci_user: str = Field(default="lab", description="the cloud-init user")
+    ssh_keys: str | list[str] | None = Field(
+        default=None, description="public keys for cloud-init (default: the lab's key)"
+    )
+    client_address: str = Field(default="", description="this machine as the guests see it (iperf3/wrk servers)")
+    client_netns: str = Field(
+        default="", description="load generators and SSH run in this network namespace of this machine"
+    )
     # static guest addresses (cloud-init ipconfig0): "FIRST-LAST" or a CIDR; "" = DHCP. One in the
     # ipconfig0 of any lab VM on the cluster is never handed out again
-    addresses: str = ""
-    gateway: str = ""  # of static addresses ("" = none)
-    prefix_len: int = Field(default=24, ge=8, le=30)  # of static addresses
-    guest_agent: bool = True  # False for images without qemu-guest-agent: static address or ARP
-    node_ssh: str = ""  # ssh destination of the node for the ARP fallback, e.g. "root@pve1" ("" = here)
-    timeouts: Timeouts = Timeouts()
-    lock_retries: int = Field(default=6, ge=0, le=100)  # of a clone or start refused by a lock
+    addresses: str = Field(
+        default="", description='static guest addresses (cloud-init ipconfig0): "FIRST-LAST" or a CIDR; "" = DHCP'
+    )
+    gateway: str = Field(default="", description='of static addresses ("" = none)')
+    prefix_len: int = Field(default=24, ge=8, le=30, description="prefix length of static addresses")
+    guest_agent: bool = Field(
+        default=True, description="false for images without qemu-guest-agent: static address or ARP"
+    )
+    node_ssh: str = Field(
+        default="", description='ssh destination of the node for the ARP fallback, e.g. "root@pve1" ("" = here)'
+    )
+    timeouts: Timeouts = Field(default=Timeouts(), description="seconds per phase (keys below)")
+    lock_retries: int = Field(default=6, ge=0, le=100, description="retries of a clone or start refused by a lock")
     # first backoff between retries, doubled per retry up to 30 s, with jitter (teardown and
     # idempotent calls retry until their deadline, not a count)
-    retry_backoff: float = Field(default=2.0, gt=0, le=300)
-    poll_interval: float = Field(default=0.25, gt=0, le=60)  # first task/agent poll interval
-    poll_max: float = Field(default=2.0, gt=0, le=600)
+    retry_backoff: float = Field(
+        default=2.0,
+        gt=0,
+        le=300,
+        description="first backoff between retries, seconds, doubled per retry up to 30 s, with jitter",
+    )
+    poll_interval: float = Field(default=0.25, gt=0, le=60, description="first task/agent poll interval, seconds")
+    poll_max: float = Field(default=2.0, gt=0, le=600, description="longest task/agent poll interval, seconds")
 
     def problems(self) -> list[tuple[str, object, str]]:
         out: list[tuple[str, object, str]] = []
@@ -291,6 +356,8 @@ def pool_problems(addresses: str, **others: str) -> list[tuple[str, object, str]
     ]
 
 
+# The NIC models a clone's net0 can have: PVE's `model` names them as the lab does.
+NET_MODELS = named_as_lab(*NicModel)
 # The config key each disk bus gets on a clone: ide2 holds the cloud-init drive, so IDE is ide0.
 DISK_KEYS = {DiskBus.VIRTIO: "virtio0", DiskBus.SCSI: "scsi0", DiskBus.SATA: "sata0", DiskBus.IDE: "ide0"}
 
@@ -301,7 +368,7 @@ MAX_SLOTS = 16
 def capabilities(settings: Settings) -> Capabilities:
     return Capabilities(
         description="Proxmox VE",
-        nic_models=frozenset(NicModel),
+        nic_models=frozenset(NET_MODELS),
         disk_buses=frozenset(DISK_KEYS),  # the clone's disk is re-attached on the cell's bus
         clone_kinds=frozenset(CloneKind),
         boot_modes=frozenset({"bios", "uefi"}),
@@ -310,5 +377,6 @@ def capabilities(settings: Settings) -> Capabilities:
         # measured VMs at once on a node (`slots`): the cluster makes them (VMIDs, addresses and
         # clone/destroy calls are already shared safely by the lanes of a run)
         max_slots=MAX_SLOTS,
+        host_load=True,  # the node's CPU from the API (host.LoadMeter)
         missing={"snapshots": "a PVE vmstate snapshot cannot be cloned: warm start is not available"},
     )

@@ -30,7 +30,7 @@ from lab.backends.proxmox.session import (
     is_transient,
     remaining,
 )
-from lab.backends.proxmox.settings import DISK_KEYS
+from lab.backends.proxmox.settings import DISK_KEYS, NET_MODELS
 from lab.backends.proxmox.teardown import BUSY_LOCKS, destroy_vmid, remove_leftover
 from lab.backends.proxmox.templates import Template, Templates, boot_disk
 from lab.errors import HostUnreachable, LabError
@@ -200,7 +200,7 @@ class Machines:
         api = self.session.qemu(vm.handle["node"], vmid)
         deadline = time.monotonic() + self.settings.timeouts.config
         # the MAC is the lab's, set here: address discovery never depends on reading it back
-        net = f"model={spec.nic.value},bridge={self.settings.bridge},macaddr={vm.handle['mac'].upper()}"
+        net = f"model={NET_MODELS[spec.nic]},bridge={self.settings.bridge},macaddr={vm.handle['mac'].upper()}"
         params: dict[str, Any] = {
             "net0": net,
             "cores": int(spec.vcpus),

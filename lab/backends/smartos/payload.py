@@ -11,6 +11,7 @@ from __future__ import annotations
 import ipaddress
 from typing import Any
 
+from lab import osfacts
 from lab.backends.smartos.settings import DISK_MODELS, NIC_MODELS, Settings
 from lab.model import ImageRef, VmSpec
 
@@ -21,14 +22,6 @@ RUN, CELL, NAME, EXPIRES, OWNER = "lab:run", "lab:cell", "lab:vm", "lab:expires"
 # SmartOS's metadata agent learns its static address (SmartOS 20260306 and later).
 NOCLOUD_TAG = "org.smartos:cloudinit_datasource"
 ZONE_BRANDS = ("joyent", "lx")
-IMGADM_OS = {
-    "debian": "linux",
-    "alpine": "linux",
-    "ubuntu": "linux",
-    "freebsd": "bsd",
-    "netbsd": "bsd",
-    "openbsd": "bsd",
-}
 
 
 def lease(spec: VmSpec) -> dict[str, str]:
@@ -212,7 +205,7 @@ def image_manifest(settings: Settings, image: ImageRef) -> dict[str, Any]:
         "name": image_name(settings, image),
         "version": f"{image.digest[:12]}-{sha[:12]}",
         "description": f"lab golden image {image.name} (recipe {image.digest[:12]}), published by `lab images publish`",
-        "os": IMGADM_OS.get(image.os, "other"),
+        "os": osfacts.facts(image.os).imgadm_os,
         "requirements": {"brand": settings.brand},
         "tags": tags,
     }

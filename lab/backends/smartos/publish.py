@@ -18,6 +18,7 @@ import logging
 import tempfile
 import time
 import uuid as uuidlib
+from collections.abc import Callable
 from pathlib import Path
 
 from lab import images, proc
@@ -95,3 +96,24 @@ def publish(gz: GlobalZone, settings: Settings, image: ImageRef, *, work_dir: Pa
 
 def _left(deadline: float) -> float:
     return max(1.0, deadline - time.monotonic())
+
+
+class Publishing:
+    """The SmartOS host's Publishing part (lab.backends.base): the host checked first, then the image
+    published; `published` is told so that the backend looks its image up again."""
+
+    def __init__(
+        self,
+        gz: GlobalZone,
+        settings: Settings,
+        check: Callable[[], None],
+        work_dir: Callable[[], Path],
+        published: Callable[[ImageRef], object],
+    ):
+        self.gz, self.settings, self.check, self.work_dir, self.published = gz, settings, check, work_dir, published
+
+    def publish(self, image: ImageRef) -> str:
+        self.check()
+        name = publish(self.gz, self.settings, image, work_dir=self.work_dir())
+        self.published(image)
+        return name

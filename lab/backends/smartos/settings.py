@@ -17,7 +17,7 @@ from lab.backends.proxmox.settings import (  # one pool syntax for every backend
     check_addresses,
     pool_problems,
 )
-from lab.model import CloneKind, DiskBus, Isolation, NicModel
+from lab.model import CloneKind, DiskBus, Isolation, NicModel, named_as_lab
 
 TIMEOUT_KEYS = Literal["connect", "command", "create", "start", "stop", "delete", "ready", "publish"]
 DEFAULT_TIMEOUTS = {
@@ -35,8 +35,8 @@ DEFAULT_TIMEOUTS = {
 # virtio (viona) and e1000 NICs, virtio/ahci/nvme disks; the KVM brand's QEMU virtio/e1000/rtl8139
 # NICs and virtio/ide/scsi disks (scsi is QEMU's LSI controller).
 NIC_MODELS: dict[str, dict[NicModel, str]] = {
-    "bhyve": {NicModel.VIRTIO: "virtio", NicModel.E1000: "e1000"},
-    "kvm": {NicModel.VIRTIO: "virtio", NicModel.E1000: "e1000", NicModel.RTL8139: "rtl8139"},
+    "bhyve": named_as_lab(NicModel.VIRTIO, NicModel.E1000),
+    "kvm": named_as_lab(NicModel.VIRTIO, NicModel.E1000, NicModel.RTL8139),
 }
 DISK_MODELS: dict[str, dict[DiskBus, str]] = {
     "bhyve": {DiskBus.VIRTIO: "virtio", DiskBus.SATA: "ahci", DiskBus.NVME: "nvme"},
@@ -48,27 +48,48 @@ UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}
 
 class Settings(HostSettings):
     backend: Literal["smartos"]
-    ssh: str  # the global zone, e.g. "root@gz1.example" (vmadm and imgadm need root)
-    ssh_port: int = Field(default=22, ge=1, le=65535)
-    ssh_key: str | None = None  # identity file; default: ssh's own (agent, ~/.ssh/id_*)
-    ssh_options: list[str] = []  # extra `ssh -o` options, e.g. ["UserKnownHostsFile=/etc/lab/gz_hosts"]
-    brand: Literal["bhyve", "kvm"] = "bhyve"
-    bootrom: Literal["bios", "uefi"] = "bios"  # bhyve's firmware; the KVM brand boots by BIOS only
-    image: str = "lab-{image}"  # the imgadm image name `lab images publish` makes and clones come from
-    zpool: str = "zones"
-    nic_tag: str = "external"  # sysinfo's "NIC Names" (or an etherstub) the guest's NIC joins
-    vlan_id: int = Field(default=0, ge=0, le=4095)
-    addresses: str = ""  # static guest addresses "FIRST-LAST" or a CIDR; "" = DHCP on the nic_tag's network
-    gateway: str = ""
-    prefix_len: int = Field(default=24, ge=8, le=30)
-    resolvers: list[str] = []
-    client_address: str = ""  # this machine as the guests see it (iperf3/wrk servers)
-    client_netns: str = ""  # load generators and SSH to guests run in this network namespace of this machine
-    cpu_type: Literal["host", "qemu64"] = "host"  # KVM brand only
+    ssh: str = Field(description='the global zone, e.g. "root@gz1.example" (vmadm and imgadm need root)')
+    ssh_port: int = Field(default=22, ge=1, le=65535, description="the global zone's SSH port")
+    ssh_key: str | None = Field(
+        default=None, description="identity file; default: ssh's own (agent, ~/.ssh/id_*); relative to lab.toml"
+    )
+    ssh_options: list[str] = Field(
+        default=[], description='extra `ssh -o` options, e.g. ["UserKnownHostsFile=/etc/lab/gz_hosts"]'
+    )
+    brand: Literal["bhyve", "kvm"] = Field(default="bhyve", description="the VM brand: bhyve or kvm")
+    bootrom: Literal["bios", "uefi"] = Field(
+        default="bios", description="bhyve's firmware; the KVM brand boots by BIOS only"
+    )
+    image: str = Field(
+        default="lab-{image}", description="the imgadm image name `lab images publish` makes and clones come from"
+    )
+    zpool: str = Field(default="zones", description="the zpool the VMs' disks live in")
+    nic_tag: str = Field(
+        default="external", description="sysinfo's \"NIC Names\" (or an etherstub) the guest's NIC joins"
+    )
+    vlan_id: int = Field(default=0, ge=0, le=4095, description="the guest NIC's VLAN (0: none)")
+    addresses: str = Field(
+        default="", description='static guest addresses "FIRST-LAST" or a CIDR; "" = DHCP on the nic_tag\'s network'
+    )
+    gateway: str = Field(default="", description='of static addresses ("" = none)')
+    prefix_len: int = Field(default=24, ge=8, le=30, description="prefix length of static addresses")
+    resolvers: list[str] = Field(default=[], description="the guests' DNS resolvers")
+    client_address: str = Field(default="", description="this machine as the guests see it (iperf3/wrk servers)")
+    client_netns: str = Field(
+        default="", description="load generators and SSH to guests run in this network namespace of this machine"
+    )
+    cpu_type: Literal["host", "qemu64"] = Field(default="host", description="KVM brand only: the guest CPU type")
     # matrix isolation "zone": lab image -> the installed lx zone image (imgadm uuid) its zones are made from
-    zone_images: dict[str, str] = {}
-    timeouts: dict[TIMEOUT_KEYS, Annotated[float, Field(gt=0, le=86400)]] = {}
-    poll_interval: float = Field(default=1.0, gt=0, le=60)
+    zone_images: dict[str, str] = Field(
+        default={},
+        description=(
+            'matrix isolation "zone": lab image -> the installed lx zone image (imgadm uuid) its zones are made from'
+        ),
+    )
+    timeouts: dict[TIMEOUT_KEYS, Annotated[float, Field(gt=0, le=86400)]] = Field(
+        default={}, description="seconds per phase: connect, command, create, start, stop, delete, ready, publish"
+    )
+    poll_interval: float = Field(default=1.0, gt=0, le=60, description="poll interval of vmadm/imgadm state, seconds")
 
     def timeout(self, key: str) -> float:
         return float(self.timeouts.get(key, DEFAULT_TIMEOUTS[key]))  # type: ignore[call-overload]

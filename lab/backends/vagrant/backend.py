@@ -97,6 +97,7 @@ class VagrantBackend(Backend):
         # the setting, else "vagrant" in the lab's private state directory
         self.workdir = Path(settings.workdir) if settings.workdir else self.env.state_dir / "vagrant"
         self._run_locks = RunLocks(self._lock_path)
+        self.publishing = box.BoxPublishing(self.vagrant)
         self._versions: dict[str, str] = {}
 
     @classmethod
@@ -178,9 +179,6 @@ class VagrantBackend(Backend):
     def host_facts(self) -> dict[str, Any]:
         res = self.virsh.run(["version"], what="virsh version", check=False, timeout=30)
         return {**self.facts(), "libvirt": res.stdout.strip() if res.ok else ""}
-
-    def publish_image(self, image: ImageRef) -> str:
-        return box.publish(image, self.vagrant)
 
     # -- per run ---------------------------------------------------------------------------------------
 

@@ -222,7 +222,7 @@ def main() -> None:
     ap.add_argument("--vagrant-home", default=None, help="default: a scratch one (the box is added there)")
     ap.add_argument("--storage-pool", default=None, help="default: a transient pool of the bench's own")
     ap.add_argument("--workdir", default=None, help="the vagrant backend's workdir (default: a scratch one)")
-    ap.add_argument("--nic", default="virtio", choices=[n.value for n in NicModel])
+    ap.add_argument("--nic", default=NicModel.VIRTIO.value, choices=[n.value for n in NicModel])
     args = ap.parse_args()
     try:
         started = _libvirt()
@@ -252,7 +252,9 @@ def _bench(args: argparse.Namespace, vagrant_settings: VagrantSettings) -> None:
         print(f"vagrant bench: skipped: {exc}" + (f" ({exc.hint})" if exc.hint else ""))
         return
     try:
-        print(f"vagrant box: {hosts['vagrant'].publish_image(image)}")
+        publishing = hosts["vagrant"].publishing
+        assert publishing is not None  # the vagrant backend publishes boxes
+        print(f"vagrant box: {publishing.publish(image)}")
         print("\n".join(summary(rows(hosts, args.repetitions, nic=NicModel(args.nic)))))
     finally:
         if not args.local_workdir:

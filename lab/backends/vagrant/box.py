@@ -136,3 +136,13 @@ def publish(image: ImageRef, vagrant: Vagrant) -> str:
             f"{' | '.join((res.stderr or res.stdout).strip().splitlines()[-3:])}"
         )
     return where
+
+
+class BoxPublishing:
+    """The vagrant host's Publishing part (lab.backends.base): the image's box added to Vagrant."""
+
+    def __init__(self, vagrant: Vagrant):
+        self.vagrant = vagrant
+
+    def publish(self, image: ImageRef) -> str:
+        return publish(image, self.vagrant)

@@ -12,11 +12,11 @@ from pydantic import Field, ValidationError, field_validator
 from lab.backends import fields
 from lab.backends.base import Capabilities, HostSettings
 from lab.backends.libvirt import settings as libvirt_settings
-from lab.model import CloneKind, DiskBus, NicModel
+from lab.model import CloneKind, DiskBus, NicModel, named_as_lab
 
 # What vagrant-libvirt can ask libvirt's QEMU driver for: `nic_model_type` takes any QEMU model,
 # `disk_bus` these four (bus='nvme' is newer than Debian 12's libvirt 9.0).
-LIBVIRT_NICS = frozenset(NicModel)
+LIBVIRT_NICS = named_as_lab(*NicModel)
 LIBVIRT_DISK_BUSES = frozenset({DiskBus.VIRTIO, DiskBus.SCSI, DiskBus.SATA, DiskBus.IDE})
 # Written unescaped into the domain XML and Ruby strings by vagrant-libvirt and our template
 _SAFE_PATH = re.compile(r"^/[A-Za-z0-9_./+-]*$")
@@ -27,20 +27,36 @@ class Settings(HostSettings):
     backend: Literal["vagrant"]
     # Vagrant's provider. Only vagrant-libvirt is implemented: the one provider Debian packages
     # and the one this machine can run (no VirtualBox, no nested KVM).
-    provider: Literal["libvirt"] = "libvirt"
-    uri: str = "qemu:///system"  # the libvirt daemon vagrant-libvirt and lab's checks talk to
-    driver: Literal["qemu", "kvm"] = "qemu"  # domain type: qemu = TCG (nested KVM hangs guests here)
+    provider: Literal["libvirt"] = Field(
+        default="libvirt", description="Vagrant's provider: only vagrant-libvirt is implemented"
+    )
+    uri: str = Field(
+        default="qemu:///system", description="the libvirt daemon vagrant-libvirt and lab's checks talk to"
+    )
+    driver: Literal["qemu", "kvm"] = Field(default="qemu", description="domain type: qemu = TCG, or kvm")
     # <workdir>/<run>/<vm>/Vagrantfile; `lab gc` looks here and runs `vagrant destroy` in what it finds,
     # so it is held to the state directory's rules (lab.statedir: this user's alone). Default:
     # "vagrant" in the lab's private state directory (BackendEnv.state_dir)
-    workdir: str | None = None
-    vagrant_home: str | None = None  # VAGRANT_HOME (boxes, machine index); None: Vagrant's default
-    storage_pool: str = "default"  # libvirt pool for the box's base volume and each cell's overlay
+    workdir: str | None = Field(
+        default=None,
+        description=(
+            '<workdir>/<run>/<vm>/Vagrantfile; `lab gc` looks here (default: "vagrant" in the state directory); must be'
+            " this user's alone"
+        ),
+    )
+    vagrant_home: str | None = Field(
+        default=None, description="VAGRANT_HOME (boxes, machine index); unset: Vagrant's default"
+    )
+    storage_pool: str = Field(
+        default="default", description="libvirt pool for the box's base volume and each cell's overlay"
+    )
     # Each run gets its own isolated libvirt network (no forwarding: load stays on it), a free /24
     # of this range; the guest takes a DHCP lease, the host side is the run's client address.
-    subnets: str = "10.79.0.0/16"
-    boot_timeout: float = Field(default=600.0, gt=0, le=3600)  # `vagrant up` until SSH answers
-    destroy_timeout: float = Field(default=300.0, gt=0, le=3600)
+    subnets: str = Field(
+        default="10.79.0.0/16", description="each run gets its own isolated libvirt network, a free /24 of this range"
+    )
+    boot_timeout: float = Field(default=600.0, gt=0, le=3600, description="`vagrant up` until SSH answers, seconds")
+    destroy_timeout: float = Field(default=300.0, gt=0, le=3600, description="`vagrant destroy`, seconds")
 
     @field_validator("workdir", "vagrant_home")
     @classmethod
@@ -88,7 +104,7 @@ class Settings(HostSettings):
 def capabilities(settings: Settings) -> Capabilities:
     return Capabilities(
         description=f"Vagrant/{settings.provider}",
-        nic_models=LIBVIRT_NICS,
+        nic_models=frozenset(LIBVIRT_NICS),
         disk_buses=LIBVIRT_DISK_BUSES,
         # vagrant-libvirt always makes a qcow2 overlay on the box's volume
         clone_kinds=frozenset({CloneKind.LINKED}),

@@ -10,6 +10,7 @@ from pathlib import Path
 import jinja2
 
 from lab import TEMPLATES_DIR, plaintext
+from lab.backends.vagrant.settings import LIBVIRT_NICS
 from lab.model import DiskBus, NicModel
 
 TEMPLATE_DIR = TEMPLATES_DIR / "vagrant"
@@ -95,7 +96,7 @@ def render(machine: Machine) -> str:
     context = {
         "m": {
             **machine.__dict__,
-            "nic_model": machine.nic.value,
+            "nic_model": LIBVIRT_NICS[machine.nic],
             "disk_bus": bus,
             "disk_device": device,
             "disk_controller_model": controller,
