@@ -37,7 +37,9 @@ from lab.workloads.toolkit import (
 
 _NUM = r"([0-9]+(?:\.[0-9]+)?)"
 _SENT = re.compile(r"^(\d+) packets transmitted, (\d+) received,.*?" + _NUM + r"% packet loss", re.MULTILINE)
-_RTT = re.compile(r"^rtt min/avg/max/mdev = " + "/".join([_NUM] * 4) + r" ms$", re.MULTILINE)
+# iputils ends the line with ", pipe N" when N pings were in flight at once (a slow guest under
+# TCG) and ", ipg/ewma ..." when flooding: the figures are the same
+_RTT = re.compile(r"^rtt min/avg/max/mdev = " + "/".join([_NUM] * 4) + r" ms(?:, .*)?$", re.MULTILINE)
 RTT_ROWS = [(f"rtt_{k}_ms", k, "ms", False) for k in ("min", "avg", "max", "mdev")]
 
 

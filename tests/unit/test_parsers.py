@@ -798,6 +798,17 @@ def test_ping_parses_iputils_summary():
     assert (r["min"], r["avg"], r["max"], r["mdev"]) == (0.419, 1.678, 6.2, 1.776)
 
 
+def test_ping_rtt_line_with_pipe_or_ipg_suffix():
+    """iputils (ping_common.c) appends ", pipe N" to the rtt line when N pings were in flight at once,
+    as a loaded TCG guest makes it do, and ", ipg/ewma ..." when flooding: a CI run failed on it."""
+    text = read("ping/linux-iputils-20221126-replies.txt").replace(" ms\n", " ms, pipe 2\n")
+    assert text.rstrip().endswith("ms, pipe 2")
+    r = ping.parse_ping_output(text)
+    assert (r["min"], r["avg"], r["max"], r["mdev"]) == (0.419, 1.678, 6.2, 1.776)
+    r = ping.parse_ping_output(text.replace("pipe 2", "pipe 3, ipg/ewma 0.204/1.013 ms"))
+    assert r["avg"] == 1.678
+
+
 def test_ping_without_a_reply_measured_no_round_trip():
     r = ping.parse_ping_output(read("ping/linux-iputils-20221126-no-reply.txt"))
     assert (r["sent"], r["received"], r["loss_pct"]) == (12, 0, 100.0) and "avg" not in r
