@@ -41,7 +41,7 @@ curl -fsSk -o /dev/null https://127.0.0.1/ || { echo "nginx does not serve https
 
 # --- containers: the base image into root's podman store, then one start per runtime/network ---
 # /run/lab-base.tar.zst: the mmdebstrap tarball lab/images.py made (ContainerBase in the recipe).
-# The name must match the recipe's ContainerBase.name (tests/unit/test_images.py checks it).
+# The name must match the recipe's ContainerBase.name (tests/test_images.py checks it).
 base_image=localhost/lab-base:latest
 up() { echo "provision: $1 at $(cut -d' ' -f1 /proc/uptime) s of uptime"; }  # stage times in packer.log
 up "podman import"
