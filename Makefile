@@ -50,9 +50,11 @@ run: images
 # parallel on 2 workers (the libvirt tests on both, sharing one libvirtd the session starts and
 # stops); then, alone, the measurements that other VMs on the same 2 cores would skew (virtio vs
 # e1000 throughput), and the tests that start libvirtd themselves or `lab gc --force` every lab
-# domain of qemu:///system (tests/test_chaos.py).
+# domain of qemu:///system (tests/vm/test_chaos_vm.py).
 # (pyproject's addopts select the fast lane; the -m and -n given here replace them; --durations
-# prints the slowest tests, so a CI log says where the time went)
+# prints the slowest tests, so a CI log says where the time went; --update-durations writes what each
+# test that ran took to tests/durations.json, which orders the next run longest first:
+# tests/support/durations.py, docs/testing.md)
 #
 # The image build leaves about 40 % of the 2 cores idle (mmdebstrap waits on the network and disk,
 # packer's guest on its provisioning's I/O), so the fast lane (no VM, no image, no root) runs beside
@@ -61,12 +63,12 @@ FAST := not vm and not image and not root and not serial and not packer_modern a
 test: lint
 	@set -e; log=$$(mktemp); trap 'rm -f "$$log"' EXIT; \
 	$(MAKE) --no-print-directory images >"$$log" 2>&1 & build=$$!; \
-	fast=0; $(PYTEST) -n 2 --dist loadgroup -q -rsR -m '$(FAST)' || fast=$$?; \
+	fast=0; $(PYTEST) -n 2 --dist loadgroup -q -rsR --update-durations -m '$(FAST)' || fast=$$?; \
 	image=0; wait $$build || image=$$?; cat "$$log"; \
 	if [ $$image != 0 ]; then echo "make images failed (exit $$image)"; exit $$image; fi; \
 	exit $$fast
-	$(PYTEST) -n 2 --dist loadgroup --no-loadscope-reorder -q -rsR --durations=25 -m '(vm or image or root or browser) and not serial and not packer_modern'
-	$(PYTEST) -n 0 -q -rsR --durations=10 -m serial
+	$(PYTEST) -n 2 --dist loadgroup --no-loadscope-reorder -q -rsR --durations=25 --update-durations -m '(vm or image or root or browser) and not serial and not packer_modern'
+	$(PYTEST) -n 0 -q -rsR --durations=10 --update-durations -m serial
 
 # Static checks; no VM, no image, no root: about 9 s with cold caches, 3 s warm, on 2 cores.
 # Versions: ruff, mypy (and python-hcl2 for the plugins test) are pinned in pyproject's `test`
@@ -77,7 +79,7 @@ test: lint
 #                 lab/packer are the top-level directories), and the shell answer files as rendered
 #   packer        fmt -check on every template; validate -syntax-only on each build template
 #                 (plugins.pkr.hcl holds only `packer { required_plugins }`: Packer 1.6.6 cannot
-#                 parse that block; tests/test_packer_plugins.py checks it instead)
+#                 parse that block; tests/unit/test_packer_plugins.py checks it instead)
 #   xmllint       the libvirt domain templates as rendered, against libvirt's RNG schema if installed
 #   mkdocs        the docs site built with --strict (a broken link or anchor, a page outside the nav,
 #                 fails), its reference generated from the code first (tools/docs_reference.py)
@@ -122,26 +124,26 @@ test-fast: setup
 bench: images
 	$(VENV)/bin/python -m lab.bench
 	$(VENV)/bin/python -m lab.backends.vagrant.bench
-	$(VENV)/bin/python tests/scalebench.py
+	$(VENV)/bin/python tests/support/scalebench.py
 	$(VENV)/bin/python -m lab.explain.bench
 
 # Packer 1.12 and its qemu, proxmox and vagrant plugins, built from source with Go (>= 1.25 on PATH)
-# into $(PACKER_MODERN) (tests/packer_modern.py says how). Not in make test: 15.6 min on the 2 shared
-# cores (Packer 551 s, the qemu, proxmox and vagrant plugins 82, 153 and 147 s; measured beside other
+# into $(PACKER_MODERN) (tests/support/packer_modern.py says how). Not in make test: 15.6 min on the 2
+# shared cores (Packer 551 s, the qemu, proxmox and vagrant plugins 82, 153 and 147 s; measured beside other
 # engineers' work, load 13-18), after a first download of their modules (about 3 GiB of Go module cache).
 PACKER_MODERN ?= $(HOME)/.cache/lab/packer-modern
 packer-modern: venv
-	LAB_PACKER_MODERN=$(PACKER_MODERN) $(VENV)/bin/python tests/packer_modern.py
+	LAB_PACKER_MODERN=$(PACKER_MODERN) $(VENV)/bin/python tests/support/packer_modern.py
 
 # What make test cannot run (Packer 1.12, its plugins): every template validated by it, and the
 # debian12 image built by it into a directory of the test's own: 4.6 min here, 264 s of it the build.
 test-packer-modern: packer-modern
 	LAB_PACKER_MODERN=$(PACKER_MODERN) $(PYTEST) -n 0 -q -rs --durations=0 -m packer_modern
 
-# Fault injection (tests/chaos.py, long configuration): kills, a full results disk, PVE emulator
-# and libvirt failures; prints a table and totals, exits non-zero on any leak or lost sample.
+# Fault injection (tests/support/chaos.py, long configuration): kills, a full results disk, PVE
+# emulator and libvirt failures; prints a table and totals, exits non-zero on any leak or lost sample.
 chaos: images
-	$(VENV)/bin/python tests/chaos.py --config long
+	$(VENV)/bin/python tests/support/chaos.py --config long
 
 gc: setup
 	$(LAB) gc

@@ -31,7 +31,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-PENALTY = 3.0  # x ln(n) per change point: BIC-like, tuned on seeded synthetic series (tests/test_changepoints.py)
+PENALTY = 3.0  # x ln(n) per change point: BIC-like, tuned on seeded synthetic series (tests/unit/test_changepoints.py)
 NOISE_FLOOR = 1e-3  # the smallest run-to-run noise assumed (0.1 %): identical medians are not infinitely precise
 
 

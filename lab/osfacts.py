@@ -154,7 +154,7 @@ class OsFacts:
 # sata = AHCI, ide = PIIX IDE, nvme). Sources:
 #   debian   linux-image-amd64 6.1 (bookworm) builds all of them; the golden image's initrd carries
 #            the disk ones (packer/scripts/debian-rootfs-customize.sh checks it at build); 8139too
-#            leaves a C+ chip (revision >= 0x20) to 8139cp. tests/test_images_boot.py boots each.
+#            leaves a C+ chip (revision >= 0x20) to 8139cp. tests/vm/test_images_boot.py boots each.
 #   alpine   the virt kernel of the 3.21 virt ISO (aports main/linux-lts/virt.x86_64.config):
 #            VIRTIO_NET, E1000, E1000E, VMXNET3; `# CONFIG_NET_VENDOR_REALTEK is not set`, so no
 #            rtl8139. VIRTIO_BLK, SCSI_VIRTIO, SATA_AHCI, ATA_PIIX, BLK_DEV_NVME.

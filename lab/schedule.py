@@ -26,7 +26,7 @@ one that goes on; interleaved rounds give both cells of a pair more repetitions.
 Stopping when the CI is narrow enough, or when a comparison is decided, is optional stopping: it
 makes the reported CI slightly optimistic and gives a null difference more looks at p < alpha. The
 minimum n, the margin a verdict must clear (a null's estimate seldom leaves it) and the budget keep
-that small: tests/test_schedule.py measures the false better/worse rate of A/A pairs measured this
+that small: tests/unit/test_schedule.py measures the false better/worse rate of A/A pairs measured this
 way.
 """
 

@@ -20,7 +20,7 @@ chance. With no band it is the stated margin, symmetric on a log scale ([1/1.075
 
 Why 7.5 %: the default lab (5 primary rows, n = 5) has to call a 10 % shift at CV 3 % and show a
 true null at CV 3 % as "same", each in at least 80 % of trials. Over 1,000 seeded trials
-(tests/verdictrates.py) ±7.5 % gives 84.8 % and 80.7 % (81.7 % and 86.9 % with an A/A twin); ±5 %
+(tests/support/verdictrates.py) ±7.5 % gives 84.8 % and 80.7 % (81.7 % and 86.9 % with an A/A twin); ±5 %
 leaves "same" at 32 %, ±8 % calls the shift in 79 % with a twin, ±10 % in 66 %. At n = 5 the
 margin has little room: one repetition overlapping the other side already keeps a lone row's q
 above 0.05.
@@ -242,7 +242,7 @@ _MEDIAN_SE = math.sqrt(math.pi / 2.0)  # a normal sample's median: its standard 
 def same_reach_cv(n: int, margin_pct: float = DEFAULT_MARGIN_PCT, alpha: float = DEFAULT_ALPHA) -> float:
     """The largest CV (a fraction) at which two identical setups measured n times each are called
     "same" within ±margin_pct in about 80 % of comparisons, by the normal approximation of the
-    log ratio of two medians (the seeded bootstrap does a little better: tests/test_verdicts.py)."""
+    log ratio of two medians (the seeded bootstrap does a little better: tests/unit/test_verdicts.py)."""
     from statistics import NormalDist
 
     z = NormalDist().inv_cdf(1.0 - alpha)  # one side of the TOST interval

@@ -9,7 +9,7 @@ DIR` writes the same pages into DIR, to read them as Markdown.
 
 `undocumented()` lists every key, parameter, command or option that has no meaning to show (a Field
 without a description, a Param without a meaning, a click option without help): the docs-coverage test
-(tests/test_docs_reference.py) fails on any.
+(tests/unit/test_docs_reference.py) fails on any.
 """
 
 from __future__ import annotations
@@ -303,7 +303,7 @@ def index_page() -> str:
         "- [lab.toml keys](lab-toml.md): every section and key, its type, default and meaning\n"
         "- [Workload parameters](workloads.md): every workload's `[suite.params.<workload>]` keys\n"
         "- [CLI](cli.md): every command and option\n\n"
-        "`tests/test_docs_reference.py` fails when any of them has no meaning written beside its code.\n"
+        "`tests/unit/test_docs_reference.py` fails when any of them has no meaning written beside its code.\n"
     )
 
 

@@ -322,7 +322,7 @@ class Backend(abc.ABC):
     name: ClassVar[str]  # registry key, e.g. "local"
     settings_model: ClassVar[type[HostSettings]]
     # The optional parts (see the module's docstring), made in __init__ where the capabilities
-    # declare them (tests/test_seams.py keeps the two agreeing); None where the host has none.
+    # declare them (tests/unit/test_seams.py keeps the two agreeing); None where the host has none.
     publishing: Publishing | None = None
     warm: WarmSnapshots | None = None
     load_meter: LoadMeter | None = None

@@ -15,6 +15,19 @@ from lab.guest import SshLogin
 from lab.lifecycle import Interrupted
 from lab.osfacts import OsFacts
 
+# What a bridge container's own namespace takes of the wan-16m profile on a Debian 12 guest (the
+# fake guest answers the probe so; tests/vm/test_isolation_vm.py reads it from a real one), and what
+# stays kernel-wide
+WAN_16M_IN_A_NETNS = (
+    {
+        "net.ipv4.tcp_congestion_control": "bbr",
+        "net.ipv4.tcp_moderate_rcvbuf": "1",
+        "net.ipv4.tcp_rmem": "4096 4194304 16777216",
+        "net.ipv4.tcp_wmem": "4096 4194304 16777216",
+    },
+    ["net.core.rmem_max", "net.core.wmem_max"],
+)
+
 
 class FakeGuest:
     tarball = True  # the golden image keeps the base image's tarball (lab.isolation.BASE_TARBALL)

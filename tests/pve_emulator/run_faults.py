@@ -1,4 +1,4 @@
-"""Faults of the PVE emulator for a real `lab run` (the chaos suite, tests/chaos.py).
+"""Faults of the PVE emulator for a real `lab run` (the chaos suite, tests/support/chaos.py).
 
 How the harness uses them, per fault:
 

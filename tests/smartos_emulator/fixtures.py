@@ -5,6 +5,7 @@ from smartos_emulator.fixtures import smartos_net_fixture, smartos_fixture  # no
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
@@ -46,3 +47,32 @@ def smartos_fixture(smartos_net, smartos_workdir):
     with SmartosEmulator(smartos_workdir, smartos_net, backing="stub") as emu:
         yield emu
     assert not emu.gz.internal_errors, emu.gz.internal_errors
+
+
+ZONE_IMAGE = "7b5981c4-1889-11e7-b4c5-3f3bdfc9b88b"  # the uuid imgadm shows for an imported lx image
+
+
+def lab_toml(path: Path, host: dict, *, matrix: str, suite: str) -> Path:
+    """lab.toml of one SmartOS host `sm` with these [matrix] and [suite] lines, results beside it."""
+    path.write_text(
+        "\n".join(
+            [
+                f'[lab]\nresults = "{path.parent / "results"}"',
+                "[hosts.sm]",
+                *(f"{k} = {toml_value(v)}" for k, v in host.items()),
+                '[matrix]\nhost = ["sm"]',
+                matrix,
+                "[suite]",
+                suite,
+                "",
+            ]
+        )
+    )
+    return path
+
+
+def toml_value(v) -> str:
+    """A Python value as a TOML value (an inline table for a dict)."""
+    if isinstance(v, dict):
+        return "{ " + ", ".join(f"{k} = {toml_value(x)}" for k, x in v.items()) + " }"
+    return json.dumps(v)

@@ -1,7 +1,8 @@
 """A real OpenSSH sshd in the test's network namespace, whose only login is the emulated global zone
 (ForceCommand gzsh.py), or, without a `socket_path`, a plain root shell (a client machine of
-client = "ssh:", tests/test_clientssh*.py). Root logs in with a key the test makes; the host key is the test's too, and
-a known_hosts line for it is written, so the backend checks the host key as it would on a real host.
+client = "ssh:", tests/contract/test_clientssh.py). Root logs in with a key the test makes; the host
+key is the test's too, and a known_hosts line for it is written, so the backend checks the host key
+as it would on a real host.
 
 Debian's openssh-server is installed if it is missing (services not started: a policy-rc.d
 forbids it for the install). The Makefile's apt list should carry it (and the lead adds it there).

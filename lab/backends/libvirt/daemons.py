@@ -1,6 +1,6 @@
 """libvirtd and virtlogd on this machine, started only when they are not already serving, and stopped
 again by whoever started them: for `make bench`'s Vagrant part, the qemu:///system tests and the
-chaos suite (tests/libvirt_daemons.py adds one pair for a whole pytest session).
+chaos suite (tests/support/libvirt_daemons.py adds one pair for a whole pytest session).
 
 Where no init system starts them (containers, CI machines) the daemons run in the foreground as
 the caller's children (proc.spawn). A socket file is no proof of a daemon: one killed with -9

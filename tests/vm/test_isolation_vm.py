@@ -1,0 +1,161 @@
+"""The isolation axis on a real guest: a short `lab run` on the local backend with isolation =
+["vm", "container"] and runtime = ["podman", "docker"]. The podman cell's workloads ran inside a
+Podman container in the guest (the wrapper's facts: podman's own id and state, its marker file seen
+by a command sent through it, every sample labelled with that container), nginx served the http
+load from inside it; the docker cell is n/a with the reason (the golden image has no docker); and
+nothing is left: the container removed before its VM, the VMs, their namespace and files gone."""
+
+from __future__ import annotations
+
+import pytest
+from fakes.guest import WAN_16M_IN_A_NETNS
+from support.cli import run_lab_cli
+from support.local import leftovers, write_lab
+
+from lab.store import Store
+
+pytestmark = [pytest.mark.vm, pytest.mark.image]
+
+SUITE = """
+workloads = ["sysbench-cpu", "http", "scp"]
+repetitions = 2
+warmup = 0
+[suite.params.scp]
+size_mib = 8
+[suite.params.sysbench-cpu]
+time = 2
+threads = [1]
+[suite.params.http]
+duration = 2
+connections = [10]
+"""
+
+
+# Not serial: nothing here compares throughput, so other VMs beside it skew nothing it asserts.
+@pytest.mark.timeout(1800)
+def test_vm_and_container_in_vm(golden, workdir, tmp_path):
+    matrix = 'isolation = ["vm", "container"]\nruntime = ["podman", "docker"]\n'
+    cfg = write_lab(tmp_path, workdir, matrix=matrix, suite=SUITE)
+    res = run_lab_cli("run", "-c", str(cfg), timeout=1700)
+    assert res.returncode == 0, res.stderr[-3000:]
+    store = Store(tmp_path / "results")
+    (run,) = store.runs()
+    cells = {c.cell_id: c for c in store.cells(run.id)}
+    # c02 would be the VM cell of runtime docker: a VM cell has no runtime, so it is not a cell
+    assert {k: c.status for k, c in cells.items()} == {"c01": "done", "c03": "done", "c04": "n/a"}, {
+        k: c.error for k, c in cells.items()
+    }
+    assert "isolation" not in cells["c01"].facts
+    box = cells["c03"].facts["isolation"]
+    assert box["kind"] == "container" and box["runtime"] == "podman" and box["image"] == "localhost/lab-base:latest"
+    assert box["state"] == "running" and box["pid"] > 0 and len(box["id"]) == 64 and box["network"] == "host"
+    assert box["inside"] == "/run/.containerenv present" and box["nginx"] == "in the container"
+    assert box["binds"] == ["/usr", "/etc/alternatives", "/etc/nginx", "/srv/www"]
+    assert box["podman"].startswith("podman version") and "nested" not in box  # unprivileged
+    # every repetition's commands entered it (sysbench: one load each; http: its prepare) and it was removed
+    assert box["execs"] >= 3 and box["removed"] is True
+    samples = store.samples(run.id)
+    mine = [s for s in samples if s.cell_id == "c03"]
+    assert {s.workload for s in mine} == {"sysbench-cpu", "http", "scp"}
+    assert {s.labels.get("container") for s in mine} == {box["id"][:12]}
+    assert not [s for s in samples if s.cell_id == "c01" and "container" in s.labels]
+    # the golden image has no docker (see README, Isolation): its cell is n/a with the reason, no sample
+    assert cells["c04"].status == "n/a", cells["c04"].error
+    assert cells["c04"].error == "isolation container: docker is not installed on the guest"
+    assert not [s for s in samples if s.cell_id == "c04"]
+    for cid in ("c01", "c03"):
+        got = {(s.workload, s.metric) for s in samples if s.cell_id == cid}
+        assert {
+            ("sysbench-cpu", "events_per_s_1t"),
+            ("sysbench-cpu", "cpu_busy_pct"),
+            ("http", "requests_per_s_c10"),
+            ("http", "cpu_busy_pct"),
+            ("scp", "throughput_mb_s_tx"),
+            ("scp", "throughput_mb_s_rx"),
+        } <= got, (cid, sorted(got))
+    # scp's load in the container cell: an sshd of the container's own (the machine's keys), not the guest's
+    assert box["sshd"]["port"] == 2222 and box["sshd"]["pid"] > 0
+    for a, b in (("isolation=vm", "isolation=container"),):
+        cmp = run_lab_cli("compare", run.id, "--a", a, "--b", b, "-c", str(cfg))
+        assert cmp.returncode == 0, cmp.stderr
+        assert "events_per_s_1t" in cmp.stdout and "requests_per_s_c10" in cmp.stdout
+    assert leftovers(workdir, run.id) == []
+
+
+def one_bridge_container_cell(tmp_path, workdir, matrix: str, suite: str, timeout: float = 1400):
+    """`lab run` of a lab whose one cell is a container on podman's bridge: (store, run, its
+    container's facts), once the cell is done and its container removed."""
+    cfg = write_lab(tmp_path, workdir, matrix=matrix, suite=suite, extra='[isolation]\nnetwork = "bridge"\n')
+    res = run_lab_cli("run", "-c", str(cfg), timeout=timeout)
+    assert res.returncode == 0, res.stderr[-3000:]
+    store = Store(tmp_path / "results")
+    (run,) = store.runs()
+    (cell,) = store.cells(run.id)
+    assert cell.status == "done", cell.error
+    box = cell.facts["isolation"]
+    assert box["network"] == "bridge" and box["removed"] is True
+    return store, run, box
+
+
+@pytest.mark.timeout(1200)
+def test_a_bridge_container_in_a_tuned_vm_gets_the_tcp_sysctls_its_namespace_may_have(golden, workdir, tmp_path):
+    """wan-16m on the guest, the container on podman's bridge: its own namespace gets the profile's
+    tcp_* keys at `podman run --sysctl` (read back inside), net.core.*mem_max stay the guest's."""
+    suite = 'workloads = ["http"]\nrepetitions = 1\nwarmup = 0\n[suite.params.http]\nduration = 2\nconnections = [10]\n'
+    matrix = 'isolation = ["container"]\ntuning = ["wan-16m"]\n'
+    store, run, box = one_bridge_container_cell(tmp_path, workdir, matrix, suite, timeout=1100)
+    assert (box["sysctls"], box["sysctls_kernel_wide"]) == WAN_16M_IN_A_NETNS
+    got = {s.metric: s.value for s in store.samples(run.id)}
+    assert got["requests_per_s_c10"] > 0  # served by the container's nginx through the published port
+    assert leftovers(workdir, run.id) == []
+
+
+NESTED_SUITE = """
+workloads = ["podman-build", "container-start", "git-clone", "scp"]
+repetitions = 1
+warmup = 0
+[suite.params.scp]
+size_mib = 8
+directions = ["rx"]
+[suite.params.podman-build]
+files = 60
+file_kib = 16
+commits = 2
+network = ["default"]
+[suite.params.container-start]
+runtime = ["crun", "runc"]
+network = ["default", "none"]
+runs = 2
+warmup = 0
+[suite.params.git-clone]
+files = 60
+file_kib = 16
+commits = 2
+network = ["default", "host"]
+"""
+
+
+@pytest.mark.timeout(1500)
+def test_workloads_that_start_containers_run_inside_a_bridge_container_cell(golden, workdir, tmp_path):
+    """Nested podman: the cell's container on podman's bridge network, privileged, with a store of its
+    own; podman-build, container-start and git-clone's container places start their containers
+    inside it (on its own bridge network too), from the guest's base image seen read-only; scp
+    copies to the container's own sshd through its published port."""
+    store, run, box = one_bridge_container_cell(tmp_path, workdir, 'isolation = ["container"]\n', NESTED_SUITE)
+    assert box["nested"] == {
+        "driver": "overlay",
+        "cgroup_manager": "cgroupfs",
+        "network": "labnest0 10.90.0.0/24",
+        "privileged": True,
+        "images": "the machine's /var/lib/containers/storage, read-only",
+    }
+    got = {(s.workload, s.metric): s for s in store.samples(run.id)}
+    assert {s.labels.get("container") for s in got.values()} == {box["id"][:12]}  # all measured inside it
+    for step in ("from", "packages", "clone", "make", "build"):
+        assert got[("podman-build", f"{step}_seconds_podman-default")].value > 0
+    for tag in ("crun-default-persistent", "runc-none-persistent"):
+        assert got[("container-start", f"start_ms_{tag}")].value > 0
+    for place in ("default", "host"):
+        assert got[("git-clone", f"clone_mb_s_{place}")].value > 0
+    assert got[("scp", "throughput_mb_s_rx")].value > 0 and box["sshd"]["port"] == 2222  # through the published port
+    assert leftovers(workdir, run.id) == []
