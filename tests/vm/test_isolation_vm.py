@@ -97,23 +97,13 @@ def one_bridge_container_cell(tmp_path, workdir, matrix: str, suite: str, timeou
     return store, run, box
 
 
-@pytest.mark.timeout(1200)
-def test_a_bridge_container_in_a_tuned_vm_gets_the_tcp_sysctls_its_namespace_may_have(golden, workdir, tmp_path):
-    """wan-16m on the guest, the container on podman's bridge: its own namespace gets the profile's
-    tcp_* keys at `podman run --sysctl` (read back inside), net.core.*mem_max stay the guest's."""
-    suite = 'workloads = ["http"]\nrepetitions = 1\nwarmup = 0\n[suite.params.http]\nduration = 2\nconnections = [10]\n'
-    matrix = 'isolation = ["container"]\ntuning = ["wan-16m"]\n'
-    store, run, box = one_bridge_container_cell(tmp_path, workdir, matrix, suite, timeout=1100)
-    assert (box["sysctls"], box["sysctls_kernel_wide"]) == WAN_16M_IN_A_NETNS
-    got = {s.metric: s.value for s in store.samples(run.id)}
-    assert got["requests_per_s_c10"] > 0  # served by the container's nginx through the published port
-    assert leftovers(workdir, run.id) == []
-
-
-NESTED_SUITE = """
-workloads = ["podman-build", "container-start", "git-clone", "scp"]
+BRIDGE_SUITE = """
+workloads = ["http", "podman-build", "container-start", "git-clone", "scp"]
 repetitions = 1
 warmup = 0
+[suite.params.http]
+duration = 2
+connections = [10]
 [suite.params.scp]
 size_mib = 8
 directions = ["rx"]
@@ -125,7 +115,7 @@ network = ["default"]
 [suite.params.container-start]
 runtime = ["crun", "runc"]
 network = ["default", "none"]
-runs = 2
+runs = 1
 warmup = 0
 [suite.params.git-clone]
 files = 60
@@ -135,13 +125,43 @@ network = ["default", "host"]
 """
 
 
-@pytest.mark.timeout(1500)
-def test_workloads_that_start_containers_run_inside_a_bridge_container_cell(golden, workdir, tmp_path):
+@pytest.fixture(scope="module")
+def bridge_cell(golden, tmp_path_factory):
+    """One `lab run` the two bridge-container tests below only read (one boot, one container set-up
+    instead of two): its one cell a container on podman's bridge in a VM tuned with wan-16m,
+    measuring http and the workloads that start containers. (workdir, store, run, box)."""
+    from support.local import own_workdir
+
+    workdir_of = own_workdir()
+    workdir = next(workdir_of)
+    try:
+        matrix = 'isolation = ["container"]\ntuning = ["wan-16m"]\n'
+        store, run, box = one_bridge_container_cell(tmp_path_factory.mktemp("bridge"), workdir, matrix, BRIDGE_SUITE)
+        yield workdir, store, run, box
+    finally:
+        next(workdir_of, None)  # the sweep: what the run left is removed, and fails the test
+
+
+@pytest.mark.xdist_group("bridge")  # both on one worker: they share the run of bridge_cell
+@pytest.mark.timeout(1800)  # bridge_cell's run comes first
+def test_a_bridge_container_in_a_tuned_vm_gets_the_tcp_sysctls_its_namespace_may_have(bridge_cell):
+    """wan-16m on the guest, the container on podman's bridge: its own namespace gets the profile's
+    tcp_* keys at `podman run --sysctl` (read back inside), net.core.*mem_max stay the guest's."""
+    workdir, store, run, box = bridge_cell
+    assert (box["sysctls"], box["sysctls_kernel_wide"]) == WAN_16M_IN_A_NETNS
+    got = {s.metric: s.value for s in store.samples(run.id) if s.workload == "http"}
+    assert got["requests_per_s_c10"] > 0  # served by the container's nginx through the published port
+    assert leftovers(workdir, run.id) == []
+
+
+@pytest.mark.xdist_group("bridge")
+@pytest.mark.timeout(1800)
+def test_workloads_that_start_containers_run_inside_a_bridge_container_cell(bridge_cell):
     """Nested podman: the cell's container on podman's bridge network, privileged, with a store of its
     own; podman-build, container-start and git-clone's container places start their containers
     inside it (on its own bridge network too), from the guest's base image seen read-only; scp
     copies to the container's own sshd through its published port."""
-    store, run, box = one_bridge_container_cell(tmp_path, workdir, 'isolation = ["container"]\n', NESTED_SUITE)
+    workdir, store, run, box = bridge_cell
     assert box["nested"] == {
         "driver": "overlay",
         "cgroup_manager": "cgroupfs",
