@@ -90,12 +90,18 @@ class Siblings:
         return bool((said.get(Verdict.BETTER) and self.worse) or (said.get(Verdict.WORSE) and self.better))
 
     def text(self) -> str:
-        said = ", ".join(f"{n} {v}" for v, n in self.verdicts)
+        # the direction is of the point estimates, the words in brackets the verdicts: "all worse
+        # (2 same)" read as two verdicts at once, so the estimates are said as a side, not a verdict
+        said = "verdicts: " + ", ".join(f"{n} {v}" for v, n in self.verdicts)
         if self.agrees:
-            way = "better" if self.better else "worse" if self.worse else "unchanged"
-            return f"{self.family}: {self.rows} rows, all {way} ({said})"
+            way = "better" if self.better else "worse" if self.worse else ""
+            where = f"every estimate on the {way} side" if way else "every estimate unchanged"
+            return f"{self.family}: {self.rows} rows, {where} ({said})"
         head = "reverses" if self.reverses else "direction differs"
-        return f"{self.family}: {head}: {self.better} better, {self.worse} worse of {self.rows} rows ({said})"
+        return (
+            f"{self.family}: {head}: estimates {self.better} on the better side, {self.worse} on the worse side"
+            f" of {self.rows} rows ({said})"
+        )
 
 
 @dataclass(frozen=True)

@@ -284,7 +284,7 @@ def test_comparison_table_verdicts_and_missing(versus):
     assert '<td class="num">0.011</td><td class="num">±7.5 %</td>' in tx
     assert "4 primary rows tested" in versus
     siblings = re.search(r'<ul class="small" id="compare-siblings">(.*?)</ul>', versus, re.S).group(1)
-    assert "iperf3-tcp throughput_mbit_s_*: 2 rows, all better (2 better)" in siblings
+    assert "iperf3-tcp throughput_mbit_s_*: 2 rows, every estimate on the better side (verdicts: 2 better)" in siblings
     # ratio B/A of the medians is shown
     assert report.fmt(2605 / 2300) in tx
     # the cells overview says which cell B is missing / failed

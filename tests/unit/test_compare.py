@@ -339,11 +339,14 @@ def test_siblings_agree_or_reverse():
     sib = rows["c10"].siblings
     assert sib is not None and sib == rows["c100"].siblings
     assert (sib.rows, sib.worse, sib.better, sib.agrees, sib.reverses) == (3, 3, 0, True, False)
-    assert sib.text() == "http requests_per_s_*: 3 rows, all worse (3 worse)"
+    assert sib.text() == "http requests_per_s_*: 3 rows, every estimate on the worse side (verdicts: 3 worse)"
     assert rows["other"].siblings is None  # a family of one
     b["c100"] = MetricSeries(normal(rng, 8, mean=140.0), "req/s", True, family=fam)  # better at 100 connections
     rows = {r.key: r for r in compare(a, b, n_resamples=R)}
     sib = rows["c10"].siblings
     assert sib is not None and sib.reverses and not sib.agrees
-    assert sib.text() == "http requests_per_s_*: reverses: 1 better, 2 worse of 3 rows (1 better, 2 worse)"
+    assert sib.text() == (
+        "http requests_per_s_*: reverses: estimates 1 on the better side, 2 on the worse side of 3 rows"
+        " (verdicts: 1 better, 2 worse)"
+    )
     assert rows["c100"].as_dict()["siblings"]["reverses"] is True
