@@ -62,6 +62,17 @@ def fixtures(tmp_path_factory):
     return {"root": root, "key": key, "stage": stage, "sums": sums}
 
 
+def qemu_source_vars(name: str, fixtures: dict) -> dict:
+    """The variables a `qemu.<name>` source validates with, from the `fixtures` fixture's files
+    (test_images_os under Debian's Packer, test_packer_modern under Packer 1.12)."""
+    return {
+        "iso_checksum": f"file:{fixtures['sums'][name]}",
+        "ssh_key": fixtures["key"],
+        "http_dir": fixtures["root"] / "http",
+        "stage_dir": fixtures["stage"],
+    }
+
+
 def fake_stage(tmp_path: Path) -> dict[str, str]:
     key = tmp_path / "key"
     proc.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", key], timeout=30)

@@ -19,6 +19,7 @@ from support.packer_templates import (
     ISO_IMAGES,
     defaults,
     fixtures as fixtures,  # noqa: F401 - the fixture, for pytest
+    qemu_source_vars,
     template,
 )
 
@@ -57,12 +58,7 @@ def test_qemu_source_validates(name, fixtures):
     res = _packer_validate(
         template(name),
         f"qemu.{name}",
-        {
-            "iso_checksum": f"file:{fixtures['sums'][name]}",
-            "ssh_key": fixtures["key"],
-            "http_dir": fixtures["root"] / "http",
-            "stage_dir": fixtures["stage"],
-        },
+        qemu_source_vars(name, fixtures),
     )
     assert res.returncode == 0, res.stdout + res.stderr
 

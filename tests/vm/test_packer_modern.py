@@ -22,6 +22,7 @@ from support.packer_templates import (
     ISO_IMAGES,
     fake_stage,
     fixtures as fixtures,  # noqa: F401 - the fixture, for pytest
+    qemu_source_vars,
     template,
 )
 
@@ -80,12 +81,7 @@ def test_qemu_source_validates(name, fixtures):
     res = _validate(
         template(name),
         f"qemu.{name}",
-        {
-            "iso_checksum": f"file:{fixtures['sums'][name]}",
-            "ssh_key": fixtures["key"],
-            "http_dir": fixtures["root"] / "http",
-            "stage_dir": fixtures["stage"],
-        },
+        qemu_source_vars(name, fixtures),
     )
     assert res.returncode == 0, res.stdout + res.stderr
     assert not _warnings(res), res.stdout + res.stderr
