@@ -48,9 +48,9 @@ run: images
 
 # Three passes: the fast lane beside the image build (below); everything else that is independent in
 # parallel on 2 workers (the libvirt tests on both, sharing one libvirtd the session starts and
-# stops); then, alone, the measurements that other VMs on the same 2 cores would skew (virtio vs
-# e1000 throughput), and the tests that start libvirtd themselves or `lab gc --force` every lab
-# domain of qemu:///system (tests/vm/test_chaos_vm.py).
+# stops); then, alone, the measurements that other VMs on the same 2 cores would skew (a change
+# point, an explanation, a host hog), and the tests that start libvirtd themselves or
+# `lab gc --force` every lab domain of qemu:///system (tests/vm/test_chaos_vm.py).
 # (pyproject's addopts select the fast lane; the -m and -n given here replace them; --durations
 # prints the slowest tests, so a CI log says where the time went; --update-durations writes what each
 # test that ran took to tests/durations.json, which orders the next run longest first:

@@ -281,8 +281,10 @@ build {
   }
 
   # The base container image (mmdebstrap, zstd tarball): to /run (tmpfs), so the blocks it
-  # occupies never reach the disk image; provisioning imports it into podman's store.
+  # occupies never reach the disk image; provisioning imports it into podman's store. The qemu
+  # source's rootfs has it in the store already (imported when lab built the rootfs).
   provisioner "file" {
+    only        = ["proxmox-iso.debian12"]
     source      = "${local.stage_dir}/lab-base.tar.zst"
     destination = "/run/lab-base.tar.zst"
   }

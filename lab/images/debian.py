@@ -7,9 +7,12 @@
 3. ``mkfs.ext4 -L labroot -d rootfs`` into a file of the root partition's size; ``sfdisk`` writes the
    GPT (BIOS boot, EFI system partition, root) on the disk image and ``dd`` puts the filesystem at its
    offset; ``qemu-img convert``.
-4. The base container image (mmdebstrap to a tarball) and the rendered nginx.conf and site are staged.
+4. The rendered nginx.conf and site are staged.
 5. Packer's qemu builder boots it under TCG, runs packer/scripts/provision-debian.sh (GRUB for BIOS
-   and UEFI, nginx, certificate, site, container image, version report) and writes the final qcow2.
+   and UEFI, nginx, certificate, site, container checks, version report) and writes the final qcow2.
+
+The base container image (mmdebstrap to a tarball) is made first: the rootfs's customize hook
+imports it into podman's store at the host's native speed (in the TCG build VM: ~110 s).
 """
 
 from __future__ import annotations
@@ -52,7 +55,15 @@ def build_debian(r: Recipe, name: str, work: Path, idir: Path, digest: str, say:
     rootfs = work / "rootfs"
     mirrors = debian_mirrors(r.suite)
 
-    stage("rootfs: mmdebstrap")
+    container_env = {}
+    if r.container is not None:
+        stage("container: mmdebstrap the base container image")
+        (work / "stage").mkdir(parents=True, exist_ok=True)
+        tarball = work / "stage" / CONTAINER_TARBALL
+        build_container_base(r, tarball, mirrors, work / "container.log")
+        container_env = {"LAB_CONTAINER_TARBALL": str(tarball), "LAB_CONTAINER_IMAGE": r.container.name}
+
+    stage("rootfs: mmdebstrap" + (" (and podman import of the base container)" if container_env else ""))
     argv = [
         "mmdebstrap",
         "--mode=root",
@@ -74,6 +85,7 @@ def build_debian(r: Recipe, name: str, work: Path, idir: Path, digest: str, say:
         "LAB_PUBKEY": pubkey,
         "LAB_HOSTNAME": r.hostname,
         "DEBIAN_FRONTEND": "noninteractive",
+        **container_env,
     }
     run_logged(argv, work / "mmdebstrap.log", timeout=1800, what="mmdebstrap", env=env)
     host_keys = read_host_keys(rootfs / "etc" / "ssh")  # made by openssh-server's postinst; clones keep them
@@ -126,9 +138,6 @@ def build_debian(r: Recipe, name: str, work: Path, idir: Path, digest: str, say:
 
     stage("stage: render nginx.conf and the site")
     render_stage(name, work / "stage")
-    if r.container is not None:
-        stage("container: mmdebstrap the base container image")
-        build_container_base(r, work / "stage" / CONTAINER_TARBALL, mirrors, work / "container.log")
 
     stage("packer: boot under TCG and provision")
     out_dir = work / "packer-out"

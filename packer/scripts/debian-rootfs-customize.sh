@@ -41,3 +41,38 @@ for initrd in "$root"/boot/initrd.img-*; do
 done
 # Nothing cached that clones do not need.
 rm -rf "$root/var/cache/apt/archives/"*.deb "$root/var/lib/apt/lists/"* "$root/var/log/"*.log
+
+# The base container image into root's podman store (LAB_CONTAINER_TARBALL, the zstd tarball lab
+# made first; LAB_CONTAINER_IMAGE its name): podman import run here at the host's native speed
+# took ~110 s inside the TCG build VM. mmdebstrap --mode=root has /proc, /sys and /dev mounted in
+# the chroot; its root must be a mount point too (containers/storage untars layers in a chroot of
+# its own after making / private): a bind mount of it onto itself, in a mount namespace that ends
+# with the command. What podman leaves in /run (the guest's is a tmpfs) and the backing device node
+# its overlay driver makes (of the build host's disk) do not go into the image.
+in_chroot() {
+    # shellcheck disable=SC2016  # expanded by the inner sh
+    unshare --mount --propagation private sh -c 'mount --rbind "$0" "$0" && exec chroot "$0" "$@"' "$root" "$@"
+}
+if [ -n "${LAB_CONTAINER_TARBALL:-}" ]; then
+    : "${LAB_CONTAINER_IMAGE:?}"
+    zstd -dc "$LAB_CONTAINER_TARBALL" \
+        | in_chroot podman import --quiet --change 'CMD ["/bin/sh"]' - "$LAB_CONTAINER_IMAGE" >/dev/null
+    in_chroot podman image exists "$LAB_CONTAINER_IMAGE"
+    rm -rf "$root/run/containers" "$root/run/libpod" "$root/var/lib/containers/storage/overlay/backingFsBlockDev"
+    find "$root/run" -mindepth 1 -maxdepth 1 -newer "$LAB_CONTAINER_TARBALL" -exec rm -rf {} +
+fi
+
+# nginx's per-image self-signed RSA-4096 certificate and the bulk files the site serves, natively
+# (provision-debian.sh makes them only where they are missing: an installer-built disk). The
+# keystream is provision-debian.sh's: deterministic bytes whatever makes them.
+openssl req -x509 -newkey rsa:4096 -nodes -sha256 -days 3650 \
+    -subj "/CN=$LAB_HOSTNAME" -addext "subjectAltName=DNS:$LAB_HOSTNAME" \
+    -keyout "$root/etc/nginx/lab.key" -out "$root/etc/nginx/lab.crt" 2>/dev/null
+chmod 600 "$root/etc/nginx/lab.key"
+keystream() {
+    openssl enc -aes-128-ctr -nosalt -K "$1" -iv 00000000000000000000000000000000 -in /dev/zero 2>/dev/null \
+        | head -c "$2"
+}
+mkdir -p "$root/srv/www/bulk"
+keystream 6c61622d62756c6b2d36346d00000000 67108864 > "$root/srv/www/bulk/64m.bin"
+keystream 6c61622d62756c6b2d316d0000000000 1048576 > "$root/srv/www/bulk/1m.bin"

@@ -4,6 +4,8 @@
 # (templates/site, rendered). Output: /etc/lab-image.json, the tool versions the manifest records.
 set -eu
 export LC_ALL=C
+up() { echo "provision: $1 at $(cut -d' ' -f1 /proc/uptime) s of uptime"; }  # stage times in packer.log
+up "start"
 
 # nginx must have been built with TLS: the https workload depends on it.
 nginx -V 2>&1 | grep -q -- '--with-http_ssl_module' || { echo "nginx lacks http_ssl_module" >&2; exit 1; }
@@ -11,22 +13,28 @@ nginx -V 2>&1 | grep -q -- '--with-http_ssl_module' || { echo "nginx lacks http_
 # --- nginx: config, a per-image self-signed RSA-4096 certificate, the static site ---------------
 install -m 644 /tmp/lab-nginx.conf /etc/nginx/nginx.conf
 rm -f /etc/nginx/sites-enabled/default
-openssl req -x509 -newkey rsa:4096 -nodes -sha256 -days 3650 \
-    -subj "/CN=$(hostname)" -addext "subjectAltName=DNS:$(hostname)" \
-    -keyout /etc/nginx/lab.key -out /etc/nginx/lab.crt 2>/dev/null
+# The certificate and the bulk files: the qemu source's rootfs has them already (made at the host's
+# native speed by packer/scripts/debian-rootfs-customize.sh: RSA-4096 key generation alone took
+# most of a minute in the TCG build VM); an installer-built disk (proxmox-iso) makes them here.
+if ! [ -s /etc/nginx/lab.key ] || ! [ -s /etc/nginx/lab.crt ]; then
+    openssl req -x509 -newkey rsa:4096 -nodes -sha256 -days 3650 \
+        -subj "/CN=$(hostname)" -addext "subjectAltName=DNS:$(hostname)" \
+        -keyout /etc/nginx/lab.key -out /etc/nginx/lab.crt 2>/dev/null
+fi
 chmod 600 /etc/nginx/lab.key
 
-rm -rf /srv/www
-mkdir -p /srv/www
-cp -r /tmp/lab-site/. /srv/www/
+# The site, replaced; its bulk/ kept when the rootfs build made it.
 mkdir -p /srv/www/bulk
-# Bulk files: pseudo-random (incompressible) but deterministic: AES-128-CTR keystream of zeros.
+find /srv/www -mindepth 1 -maxdepth 1 ! -name bulk -exec rm -rf {} +
+cp -r /tmp/lab-site/. /srv/www/
+# Bulk files: pseudo-random (incompressible) but deterministic: AES-128-CTR keystream of zeros
+# (the same function, and so the same bytes, as the customize hook's).
 keystream() {
     openssl enc -aes-128-ctr -nosalt -K "$1" -iv 00000000000000000000000000000000 -in /dev/zero 2>/dev/null \
         | head -c "$2"
 }
-keystream 6c61622d62756c6b2d36346d00000000 67108864 > /srv/www/bulk/64m.bin
-keystream 6c61622d62756c6b2d316d0000000000 1048576 > /srv/www/bulk/1m.bin
+[ -s /srv/www/bulk/64m.bin ] || keystream 6c61622d62756c6b2d36346d00000000 67108864 > /srv/www/bulk/64m.bin
+[ -s /srv/www/bulk/1m.bin ] || keystream 6c61622d62756c6b2d316d0000000000 1048576 > /srv/www/bulk/1m.bin
 cp /srv/www/bulk/1m.bin /srv/www/1m.bin
 chown -R root:root /srv/www
 find /srv/www -type d -exec chmod 755 {} +
@@ -40,12 +48,17 @@ curl -fsS -o /dev/null http://127.0.0.1/ || { echo "nginx does not serve http" >
 curl -fsSk -o /dev/null https://127.0.0.1/ || { echo "nginx does not serve https" >&2; exit 1; }
 
 # --- containers: the base image into root's podman store, then one start per runtime/network ---
-# /run/lab-base.tar.zst: the mmdebstrap tarball lab/images.py made (ContainerBase in the recipe).
-# The name must match the recipe's ContainerBase.name (tests/test_images.py checks it).
+# The qemu source's rootfs already has it (imported at the rootfs build, natively: lab/images/debian.py);
+# an installer-built disk (proxmox-iso) imports /run/lab-base.tar.zst, the mmdebstrap tarball lab
+# made (ContainerBase in the recipe). The name must match the recipe's ContainerBase.name
+# (tests/unit/test_apps_unit.py checks it).
 base_image=localhost/lab-base:latest
-up() { echo "provision: $1 at $(cut -d' ' -f1 /proc/uptime) s of uptime"; }  # stage times in packer.log
-up "podman import"
-zstd -dc /run/lab-base.tar.zst | podman import --quiet --change 'CMD ["/bin/sh"]' - "$base_image" >/dev/null
+if podman image exists "$base_image"; then
+    up "podman import: in the store since the rootfs build"
+else
+    up "podman import"
+    zstd -dc /run/lab-base.tar.zst | podman import --quiet --change 'CMD ["/bin/sh"]' - "$base_image" >/dev/null
+fi
 rm -f /run/lab-base.tar.zst
 up "container checks"
 podman run --rm --network=none "$base_image" sh -c 'git --version && ls /var/cache/lab-debs/*.deb' >/dev/null

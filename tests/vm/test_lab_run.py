@@ -44,7 +44,9 @@ def medians(store, run_id, workload, metric):
     return {k: statistics.median(v) for k, v in out.items()}, {k: len(v) for k, v in out.items()}
 
 
-@pytest.mark.serial
+# Not serial: under TCG VirtIO carries about 3.7 times E1000's iperf3 throughput here; another
+# worker's VMs on the two cores take at most about half of it, which cannot reverse the order
+# asserted (the figures themselves are README material: make run measures them alone).
 def test_default_shape_lab_virtio_beats_e1000(golden, workdir, tmp_path):
     cfg = write_lab(tmp_path, workdir, matrix='nic = ["virtio", "e1000"]\n', suite=SHORT_SUITE)
     res = run_lab_cli("run", "-c", str(cfg), timeout=1500)
