@@ -59,7 +59,6 @@ if [ -n "${LAB_CONTAINER_TARBALL:-}" ]; then
         | in_chroot podman import --quiet --change 'CMD ["/bin/sh"]' - "$LAB_CONTAINER_IMAGE" >/dev/null
     in_chroot podman image exists "$LAB_CONTAINER_IMAGE"
     rm -rf "$root/run/containers" "$root/run/libpod" "$root/var/lib/containers/storage/overlay/backingFsBlockDev"
-    find "$root/run" -mindepth 1 -maxdepth 1 -newer "$LAB_CONTAINER_TARBALL" -exec rm -rf {} +
 fi
 
 # nginx's per-image self-signed RSA-4096 certificate and the bulk files the site serves, natively
