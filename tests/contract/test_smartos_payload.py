@@ -453,3 +453,34 @@ def test_image_of_another_brand_is_refused():
     )
     assert validate_create(good_vm("bhyve"), host).as_json() == {"bad_values": ["disks.0.image_uuid"]}
     assert not validate_create(good_vm("kvm"), host)
+
+
+def test_publish_sends_the_raw_disks_data_runs_block_aligned_merged_and_capped(tmp_path):
+    """What `lab images publish` sends of a raw disk: its data from the holes, on 1 MiB blocks (dd's
+    seek= counts them), holes under 16 MiB sent as zeros, runs of at most 256 MiB; none of a hole."""
+    from lab.backends.smartos.publish import BLOCK, MAX_RUN, data_runs
+
+    raw = tmp_path / "disk.raw"
+    mib = 1 << 20
+    with open(raw, "wb") as fh:
+        fh.truncate(2048 * mib)
+        writes = ((4096, 100), (5 * mib, 10), (100 * mib + 7, 300 * mib), (2047 * mib + 10, 20))
+        for at, n in writes:
+            fh.seek(at)
+            fh.write(b"\x01" * n)
+    runs = data_runs(raw)
+    assert all(off % BLOCK == 0 and 0 < n <= MAX_RUN for off, n in runs), runs
+    # 0..6 MiB (the two first writes, 5 MiB apart: merged), 100..401 MiB in two runs, the last MiB
+    assert runs == [(0, 6 * mib), (100 * mib, MAX_RUN), (356 * mib, 45 * mib), (2047 * mib, mib)]
+    for at, n in writes:  # every byte written is in a run: the rest reads zeros, as a new zvol does
+        assert any(off <= at and at + n <= off + size for off, size in _joined(runs)), (at, n)
+
+
+def _joined(runs: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    out: list[list[int]] = []
+    for off, n in runs:
+        if out and out[-1][0] + out[-1][1] == off:
+            out[-1][1] += n
+        else:
+            out.append([off, n])
+    return [(a, b) for a, b in out]

@@ -5,7 +5,7 @@ Every SSH login to the emulated host runs gzsh.py (sshd's ForceCommand), which h
 line and its stdin to this process over a unix socket and relays back stdout, stderr and the exit
 status. Here the line is parsed as a shell would parse one simple command (no pipes, redirections
 or lists: those are refused, as a strict emulator must) and run against one state: `vmadm`,
-`imgadm`, `sysinfo`, `arp -an`, `dd of=... bs=...` (into a zvol or a file under /var/tmp),
+`imgadm`, `sysinfo`, `arp -an`, `dd of=... bs=... seek=...` (into a zvol or a file under /var/tmp),
 `rm -f` (under /var/tmp), `true`. Anything else is "not found" (exit 127).
 
 Paths of the global zone (/zones, /dev/zvol/rdsk, /var/tmp, /var/imgadm) live under `root`.
@@ -150,6 +150,7 @@ class GlobalZoneEmulator:
         self.vmadm, self.imgadm = Vmadm(self), Imgadm(self)
         self.faults = Faults()
         self.commands: list[str] = []  # every command line run, in order
+        self.dd_bytes = 0  # what `dd` wrote, all commands together
         self.internal_errors: list[str] = []
         self._zoneid = 0
         self._zoneid_lock = threading.Lock()
@@ -277,8 +278,26 @@ class GlobalZoneEmulator:
             p.parent.rmdir()  # a bhyve VM's zones/<uuid>/ of its disks
 
     @staticmethod
-    def copy_sparse(src: Path, dst: Path) -> None:
-        proc.run(["cp", "--sparse=always", str(src), str(dst)], timeout=1800, what="cp (zfs send/receive)")
+    def zfs_send(zvol: Path, stream: Path) -> None:
+        """An uncompressed `zfs send` of a zvol, as the emulator writes one: a qcow2 of its bytes
+        (like a send stream, it carries the blocks that hold data, not the holes; a cloned zvol, a
+        qcow2 overlay here, is read through its origin as zfs send reads a clone)."""
+        with open(zvol, "rb") as fh:
+            fmt = "qcow2" if fh.read(4) == b"QFI\xfb" else "raw"
+        proc.run(
+            ["qemu-img", "convert", "-q", "-f", fmt, "-O", "qcow2", str(zvol), str(stream)],
+            timeout=1800,
+            what="qemu-img convert (zfs send)",
+        )
+
+    @staticmethod
+    def zfs_receive(stream: Path, zvol: Path) -> None:
+        """`zfs receive` of a stream zfs_send wrote: the zvol's raw bytes (sparse)."""
+        proc.run(
+            ["qemu-img", "convert", "-q", "-f", "qcow2", "-O", "raw", str(stream), str(zvol)],
+            timeout=1800,
+            what="qemu-img convert (zfs receive)",
+        )
 
     def nic_tags(self) -> list[str]:
         return list(self.bridges)
@@ -402,13 +421,21 @@ class GlobalZoneEmulator:
         return code
 
     def cmd_dd(self, args: list[str], io: Io) -> int:
+        """illumos dd(1) with of=, if=, bs= and seek= (in bs blocks; only decimal numbers here):
+        without seek= a file is truncated, with it cut at seek x bs (a device is left as it is),
+        then written from there; a block read short (a pipe) is written short, as dd does."""
         ops = dict(a.split("=", 1) for a in args if "=" in a)
-        if set(ops) - {"of", "bs", "if"} or len(ops) != len(args) or "of" not in ops:
-            io.err("dd: the emulator takes of=PATH [bs=N] [if=PATH] only\n")
+        if set(ops) - {"of", "bs", "if", "seek"} or len(ops) != len(args) or "of" not in ops:
+            io.err("dd: the emulator takes of=PATH [bs=N] [seek=N] [if=PATH] only\n")
             return 2
-        if not ops.get("bs", "512").isdigit():
-            io.err(f"dd: bad block size {ops['bs']!r}\n")
-            return 1
+        for key in ("bs", "seek"):
+            if not ops.get(key, "1").isdigit():
+                io.err(f'dd: bad numeric argument: "{ops[key]}"\n')
+                return 2
+        bs, seek = int(ops.get("bs", "512")), int(ops.get("seek", "0"))
+        if bs == 0:
+            io.err("dd: buffer sizes cannot be zero\n")
+            return 2
         try:
             target = self.path(ops["of"])
             source = open(self.path(ops["if"]), "rb") if "if" in ops else None
@@ -419,15 +446,21 @@ class GlobalZoneEmulator:
         if zvol and not target.is_file():
             io.err(f"dd: {ops['of']}: open: No such file or directory\n")
             return 1
-        if zvol and target.read_bytes()[:4] == b"QFI\xfb":
-            io.err("emulator: dd onto a cloned zvol is not emulated\n")
-            return 2
+        if zvol:
+            with open(target, "rb") as fh:
+                if fh.read(4) == b"QFI\xfb":
+                    io.err("emulator: dd onto a cloned zvol is not emulated\n")
+                    return 2
         limit = target.stat().st_size if zvol else None
         chunks = iter(lambda: source.read(CHUNK), b"") if source else io.stdin_chunks()
+        start = seek * bs
         written = 0
-        with open(target, "r+b" if zvol else "wb") as fh:
+        with open(target, "r+b" if zvol or (seek and target.is_file()) else "wb") as fh:
+            if not zvol:
+                fh.truncate(start)
+            fh.seek(start)
             for chunk in chunks:
-                if limit is not None and written + len(chunk) > limit:
+                if limit is not None and start + written + len(chunk) > limit:
                     io.err(
                         "dd: unexpected short write, wrote 0 bytes, expected ...\n"
                         "dd: write error: No space left on device\n"
@@ -439,10 +472,10 @@ class GlobalZoneEmulator:
                     fh.write(chunk)
                 written += len(chunk)
             if not zvol:
-                fh.truncate(written)
+                fh.truncate(start + written)
         if source:
             source.close()
-        bs = int(ops.get("bs", "512"))
+        self.dd_bytes += written
         io.err(
             f"{written // bs}+{1 if written % bs else 0} records in\n{written // bs}+{1 if written % bs else 0} "
             f"records out\n"

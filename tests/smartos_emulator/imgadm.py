@@ -1,7 +1,9 @@
 """Emulated `imgadm` (imgadm(8)): list / get / install / create / delete / import / sources.
 
 An image is a manifest plus a file. On SmartOS the file is a (compressed) `zfs send` stream of the
-image's dataset; here it is the zvol's raw bytes, optionally gzip'd: only this emulator reads it.
+image's dataset; here an uncompressed one is a qcow2 of the zvol (GlobalZoneEmulator.zfs_send:
+about the size of the data, as a send stream is) and a gzip'd one the zvol's raw bytes: only this
+emulator reads it.
 `install` checks the manifest's required fields and the file's size and sha1 against
 `files[0]`, as imgadm does; `create` makes both from a stopped VM's boot disk; `delete` refuses an
 image VMs are cloned from. No image source is configured (the host is offline): `import` fails.
@@ -18,6 +20,8 @@ import uuid as uuidlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from lab.errors import LabError
 
 from .schema import HVM, UUID
 
@@ -190,7 +194,11 @@ class Imgadm:
             with gzip.open(src, "rb") as fin, open(dest, "wb") as fout:
                 shutil.copyfileobj(fin, fout, 1 << 20)
         else:
-            self.gz.copy_sparse(src, dest)
+            try:
+                self.gz.zfs_receive(src, dest)
+            except LabError as exc:
+                shutil.rmtree(dest.parent, ignore_errors=True)
+                raise ImgadmError("ZfsReceiveError", f"{opts['f']}: not a stream zfs receive takes: {exc}") from None
         manifest = {**manifest, "state": "active"}
         self.images[manifest["uuid"]] = Image(manifest, dest)
         self.gz.write_file(f"/var/imgadm/images/zones-{manifest['uuid']}.json", json.dumps(manifest))
@@ -239,7 +247,7 @@ class Imgadm:
             with open(disk, "rb") as fin, gzip.open(out_file, "wb", compresslevel=1) as fout:
                 shutil.copyfileobj(fin, fout, 1 << 20)
         else:
-            self.gz.copy_sparse(disk, out_file)
+            self.gz.zfs_send(disk, out_file)
         manifest = {
             "v": 2,
             "uuid": str(uuidlib.uuid4()),

@@ -76,7 +76,8 @@ def test_lab_run_on_an_emulated_smartos_host_end_to_end(golden, brand, nic, disk
             res = run_lab_cli("run", "-c", str(toml), cwd=tmp_path, timeout=1800)
             run_s = time.monotonic() - t0
             print(
-                f"{brand}: publish {publish_s:.1f} s ({golden.manifest['virtual_size'] >> 20} MiB through dd), "
+                f"{brand}: publish {publish_s:.1f} s ({emu.gz.dd_bytes >> 20} MiB of the "
+                f"{golden.manifest['virtual_size'] >> 20} MiB disk through dd), "
                 f"lab run {run_s:.1f} s"
             )
             assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]

@@ -1,12 +1,15 @@
 """Warm start of the local backend with real VMs (lab.backends.local.warm).
 
-One module-wide workdir and run, so the snapshot built by the first test serves the next ones:
-two warm cells restored from one snapshot are two machines (their own address and MAC, side by
-side on the bridge, clocks on the host's, different RNG output) and pass the runner's
-verification; another machine shape builds another snapshot; a state QEMU cannot load, and a
-missing one, each make the cell boot cold and say why. Then, in a workdir of its own: a maker
-killed with -9 mid-build and after a restore leaves nothing that `lab gc` does not remove,
-except the snapshot, which is no run's.
+Each test has a workdir and a run of its own. A snapshot of the module's machine shape (debian12,
+virtio, 2 vCPUs, 1 GiB) is made once per module (`snapshots`) and each test that needs one starts
+from its own copy of it (a snapshot is tied to no directory: its disk's backing file is the golden
+image, its meta names the image, not the store). The first test, about building: a maker killed with
+-9 mid-build and after a restore leaves nothing that `lab gc` does not remove, except the snapshot,
+which is no run's (the one it built after the killed build: the module's, from then on). Then two
+warm cells restored from one snapshot are two machines (their own address and MAC, side by side on
+the bridge, clocks on the host's, different RNG output) and pass the runner's verification; another
+machine shape builds another snapshot, once, then finds it; a state QEMU cannot load, and a missing
+one, each make the cell boot cold and say why (in their own copy).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from pathlib import Path
 
 import pytest
 from support.cli import run_lab_cli
-from support.local import leftovers, write_lab
+from support.local import leftovers, own_workdir, write_lab
 
 from lab import images, proc
 from lab.backends import local
@@ -35,13 +38,67 @@ from lab.wait import wait_until
 pytestmark = [pytest.mark.vm, pytest.mark.image, pytest.mark.xdist_group("boot")]
 
 
-@pytest.fixture(scope="module")
-def warm_run(golden, tmp_path_factory):
-    """(backend, run id, client) in a workdir the module's tests share."""
-    import shutil
-    import tempfile
+class Snapshots:
+    """The module's warm snapshots, in a workdir of their own: each made once, by the test about
+    building (put) or else here on first need, and copied into a test's workdir for it to use (or
+    damage)."""
 
-    workdir = Path(tempfile.mkdtemp(prefix="lw", dir="/var/tmp"))
+    def __init__(self, workdir: Path, golden):
+        self.workdir, self.golden = workdir, golden
+        self.store = warm.WarmStore(workdir)
+
+    def find(self, nic: NicModel, memory: int) -> Path | None:
+        for snap in self.store.snapshots():
+            key = snap.meta.get("key") or {}
+            if (key.get("nic"), key.get("vcpus"), key.get("memory_mib"), key.get("image_digest")) == (
+                nic.value,
+                2,
+                memory,
+                warm.image_digest(self.golden),
+            ):
+                return snap.dir
+        return None
+
+    def put(self, snapshot: Path) -> None:
+        """Keep a copy of a snapshot a test built (a test that builds does so in its own workdir)."""
+        if not (self.store.root / snapshot.name).exists():
+            copy(snapshot, self.store.ensure())
+
+    def copy_into(self, workdir: Path, nic: NicModel = NicModel.VIRTIO, memory: int = 1024) -> Path:
+        """A private copy of the snapshot of that shape in `workdir`'s store, made first if need be."""
+        src = self.find(nic, memory) or self.build(nic, memory)
+        return copy(src, warm.WarmStore(workdir).ensure())
+
+    def build(self, nic: NicModel, memory: int) -> Path:
+        backend = local.LocalBackend("local", local.Settings(backend="local", workdir=str(self.workdir)))
+        backend.check()
+        run_id = os.urandom(4).hex()
+        backend.open_run(run_id)
+        try:
+            vm = backend.clone(self.golden, warm_spec(self.golden, run_id, "c00", nic=nic, memory=memory))
+            backend.destroy(vm)  # cloning built it; no need to boot the cell
+        finally:
+            backend.close_run(run_id)
+        assert vm.facts["start"] == "warm", vm.facts
+        assert leftovers(self.workdir, run_id) == []
+        return self.find(nic, memory)
+
+
+def copy(snapshot: Path, store: Path) -> Path:
+    """`snapshot` copied into `store` (modes kept: its files stay read-only; RAM holes stay holes)."""
+    proc.run(["cp", "-a", "--sparse=always", "--reflink=auto", str(snapshot), str(store)], timeout=120)
+    return store / snapshot.name
+
+
+@pytest.fixture(scope="module")
+def snapshots(golden):
+    for workdir in own_workdir():  # one pass; own_workdir's sweep of it when the module ends
+        yield Snapshots(workdir, golden)
+
+
+@pytest.fixture
+def warm_run(golden, workdir):
+    """(backend, run id, client) of a run in the test's workdir; the run leaves nothing."""
     backend = local.LocalBackend("local", local.Settings(backend="local", workdir=str(workdir)))
     backend.check()
     run_id = os.urandom(4).hex()
@@ -50,8 +107,7 @@ def warm_run(golden, tmp_path_factory):
         yield backend, run_id, client
     finally:
         backend.close_run(run_id)
-        assert leftovers(workdir, run_id) == []
-        shutil.rmtree(workdir, ignore_errors=True)
+    assert leftovers(workdir, run_id) == []
 
 
 def warm_spec(golden, run_id: str, cell: str, nic=NicModel.VIRTIO, memory=1024) -> VmSpec:
@@ -95,109 +151,6 @@ def identity(guest) -> dict:
     }
 
 
-def test_two_warm_cells_of_one_snapshot_are_two_machines(warm_run, golden):
-    backend, run_id, client = warm_run
-    vms, seen = [], []
-    try:
-        for cell in ("c01", "c02"):
-            vms.append(up(backend, golden, warm_spec(golden, run_id, cell)))
-        first, second = vms
-        assert first.facts["start"] == second.facts["start"] == "warm", (first.facts, second.facts)
-        assert first.facts["warm_snapshot"] == second.facts["warm_snapshot"]
-        assert first.facts["warm_seconds"] > 5 > second.facts["warm_seconds"]  # built once, then found
-        for vm in vms:
-            disk = json.loads(
-                proc.run(["qemu-img", "info", "-U", "--output=json", str(Path(vm.handle["dir"]) / "disk.qcow2")]).stdout
-            )
-            assert disk["backing-filename"].endswith(f"/warm/{vm.facts['warm_snapshot']}/disk.qcow2")
-            assert vm.facts["restore_seconds"] < 5 and abs(vm.facts["clock_offset_ms"]) < 1000
-            with backend.guest(vm, client) as guest:
-                guest.connect(timeout=60)
-                seen.append(identity(guest))
-                observed = verify(guest, facts("debian"), vm.spec)  # as the runner does before measuring
-                assert observed["nic_driver"] == "virtio_net" and observed["vcpus"] == 2
-                if vm is second:  # side by side on the bridge, each answers as itself
-                    guest.run(f"ping -c 1 -W 5 {first.address} >/dev/null")
-                    neigh = guest.run(f"ip neigh show {first.address}").stdout
-                    assert first.spec.mac in neigh, neigh
-        for vm, got in zip(vms, seen):
-            assert got["addr"] == f"{vm.address}/24" and got["mac"] == vm.spec.mac
-            assert abs(got["clock_off_s"]) < 1 + got["rtt_s"], got  # stepped to the host's clock
-        assert seen[0]["addr"] != seen[1]["addr"] and seen[0]["mac"] != seen[1]["mac"]
-        assert seen[0]["rng"] != seen[1]["rng"]  # vmgenid: each restore reseeds the kernel's RNG
-    finally:
-        for vm in vms:
-            backend.destroy(vm)
-    # the run is still open (its namespace and lock stay until the module ends); nothing of the cells
-    assert [
-        x for x in leftovers(backend.workdir, run_id) if x not in (f"netns {client.netns}", f"file {client.netns}.lock")
-    ] == []
-    assert proc.run(["ip", "-n", client.netns, "-o", "link", "show", "type", "tun"]).stdout.strip() == ""
-    assert [s.name for s in backend.warm.snapshots()] == [first.facts["warm_snapshot"]]  # it stays
-
-
-def test_another_machine_shape_builds_its_own_snapshot(warm_run, golden):
-    backend, run_id, client = warm_run
-    before = {s.name for s in backend.warm.snapshots()}
-    vm = up(backend, golden, warm_spec(golden, run_id, "c03", memory=768))
-    try:
-        assert vm.facts["start"] == "warm" and vm.facts["warm_snapshot"] not in before
-        assert "c768m-" in vm.facts["warm_snapshot"]
-        with backend.guest(vm, client) as guest:
-            guest.connect(timeout=60)
-            verify(guest, facts("debian"), vm.spec)  # the guest sees 768 MiB, not the other snapshot's 1 GiB
-    finally:
-        backend.destroy(vm)
-    assert {s.name for s in backend.warm.snapshots()} == before | {vm.facts["warm_snapshot"]}
-
-
-def snapshot_named(backend, memory: int) -> Path:
-    (snap,) = [s for s in backend.warm.snapshots() if f"c{memory}m-" in s.name]
-    return backend.workdir / "warm" / snap.name
-
-
-def test_a_state_qemu_cannot_load_boots_cold_and_says_why(warm_run, golden):
-    backend, run_id, client = warm_run
-    d = snapshot_named(backend, 1024)
-    state = d / warm.STATE
-    os.chmod(state, 0o600)
-    state.write_bytes(b"QEVM" + os.urandom(4096))  # not a migration stream QEMU can load...
-    meta = json.loads((d / warm.META).read_text())
-    meta["state_sha256"] = images.file_sha256(state)  # ...though its checksum matches
-    (d / warm.META).write_text(json.dumps(meta))
-    vm = up(backend, golden, warm_spec(golden, run_id, "c04"))
-    try:
-        assert vm.facts["start"].startswith(f"cold: restore of {d.name} failed"), vm.facts["start"]
-        assert vm.facts["boot_seconds"] > 1 and "warm" not in vm.handle
-        with backend.guest(vm, client) as guest:
-            guest.connect(timeout=90)
-            verify(guest, facts("debian"), vm.spec)
-            assert guest.run("cat /sys/class/net/eth0/address").stdout.strip() == vm.spec.mac
-    finally:
-        backend.destroy(vm)
-    assert not d.exists()  # removed: a later run builds it again; this one does not try twice
-    vm = backend.clone(golden, warm_spec(golden, run_id, "c05"))
-    backend.destroy(vm)
-    assert vm.facts["start"].startswith(f"cold: restore of {d.name} failed")
-
-
-def test_a_missing_state_boots_cold_and_says_why(warm_run, golden):
-    backend, run_id, client = warm_run
-    d = snapshot_named(backend, 768)
-    (d / warm.STATE).unlink()
-    vm = up(backend, golden, warm_spec(golden, run_id, "c06", memory=768))
-    try:
-        assert vm.facts["start"] == (
-            f"cold: warm snapshot {d.name}: its state file is missing; removed it: the next warm cell builds it again"
-        )
-        with backend.guest(vm, client) as guest:
-            guest.connect(timeout=90)
-            verify(guest, facts("debian"), vm.spec)
-    finally:
-        backend.destroy(vm)
-    assert not d.exists()
-
-
 MAKER = """
 import sys, time
 from lab import images
@@ -207,8 +160,8 @@ backend = local.LocalBackend("local", local.Settings(backend="local", workdir=sy
 run_id = sys.argv[2]
 client = backend.open_run(run_id)
 image = images.load("debian12")
-spec = VmSpec(name=f"lab-{run_id}-c01", run_id=run_id, cell_id="c01", image=image, nic=NicModel.E1000, vcpus=1,
-              memory_mib=512, start="warm", expires_at=time.time() + 600)
+spec = VmSpec(name=f"lab-{run_id}-c01", run_id=run_id, cell_id="c01", image=image, nic=NicModel.VIRTIO, vcpus=2,
+              memory_mib=1024, start="warm", expires_at=time.time() + 600)
 vm = backend.clone(image, spec)
 backend.start(vm)
 backend.wait_ready(vm)
@@ -217,7 +170,7 @@ time.sleep(600)
 """
 
 
-def test_killed_mid_build_and_after_restore_then_gc_keeps_only_the_snapshot(golden, workdir, tmp_path):
+def test_killed_mid_build_and_after_restore_then_gc_keeps_only_the_snapshot(golden, workdir, tmp_path, snapshots):
     cfg = write_lab(tmp_path, workdir, matrix='nic = ["virtio"]\n', suite='workloads = ["sysbench-cpu"]\n')
 
     made: list[str] = []
@@ -261,7 +214,8 @@ def test_killed_mid_build_and_after_restore_then_gc_keeps_only_the_snapshot(gold
         gc(run_id)
         backend = local.LocalBackend("local", local.Settings(backend="local", workdir=str(workdir)))
         assert backend.warm.snapshots() == []  # nothing half-made in the store
-        # 2. killed with a warm cell running: gc takes the cell, the snapshot stays (no run owns it)
+        # 2. killed with a warm cell running, after building the snapshot again: gc takes the cell,
+        # the snapshot stays (no run owns it)
         p, run_id = maker()
         try:
             line = p.stdout.readline().strip()
@@ -271,8 +225,9 @@ def test_killed_mid_build_and_after_restore_then_gc_keeps_only_the_snapshot(gold
         assert leftovers(workdir, run_id)
         gc(run_id)
         (snap,) = backend.warm.snapshots()
-        assert snap.name.startswith("debian12-e1000-virtio-1c512m-") and snap.detail == golden.sha256
+        assert snap.name.startswith("debian12-virtio-virtio-2c1024m-") and snap.detail == golden.sha256
         assert (workdir / "warm" / snap.name / warm.STATE).is_file()
+        snapshots.put(workdir / "warm" / snap.name)  # the module's: the next tests start from copies of it
     finally:
         # A failed attempt must not leave its killed runs' namespaces and QEMUs on the machine (CI
         # runs on a shared one: an earlier failure here leaked `lab-<run>` namespaces).
@@ -281,3 +236,120 @@ def test_killed_mid_build_and_after_restore_then_gc_keeps_only_the_snapshot(gold
             for ns in local.list_netns():
                 if ns.startswith(f"lab-{run_id}"):
                     local.remove_netns(ns)
+
+
+def test_two_warm_cells_of_one_snapshot_are_two_machines(warm_run, golden, workdir, snapshots):
+    backend, run_id, client = warm_run
+    snapshots.copy_into(workdir)
+    vms, seen = [], []
+    try:
+        for cell in ("c01", "c02"):
+            vms.append(up(backend, golden, warm_spec(golden, run_id, cell)))
+        first, second = vms
+        assert first.facts["start"] == second.facts["start"] == "warm", (first.facts, second.facts)
+        assert first.facts["warm_snapshot"] == second.facts["warm_snapshot"]
+        # found, each (built once, then found: test_another_machine_shape_builds_its_own_snapshot)
+        assert 5 > first.facts["warm_seconds"] and 5 > second.facts["warm_seconds"], (first.facts, second.facts)
+        for vm in vms:
+            disk = json.loads(
+                proc.run(["qemu-img", "info", "-U", "--output=json", str(Path(vm.handle["dir"]) / "disk.qcow2")]).stdout
+            )
+            assert disk["backing-filename"].endswith(f"/warm/{vm.facts['warm_snapshot']}/disk.qcow2")
+            assert vm.facts["restore_seconds"] < 5 and abs(vm.facts["clock_offset_ms"]) < 1000
+            with backend.guest(vm, client) as guest:
+                guest.connect(timeout=60)
+                seen.append(identity(guest))
+                observed = verify(guest, facts("debian"), vm.spec)  # as the runner does before measuring
+                assert observed["nic_driver"] == "virtio_net" and observed["vcpus"] == 2
+                if vm is second:  # side by side on the bridge, each answers as itself
+                    guest.run(f"ping -c 1 -W 5 {first.address} >/dev/null")
+                    neigh = guest.run(f"ip neigh show {first.address}").stdout
+                    assert first.spec.mac in neigh, neigh
+        for vm, got in zip(vms, seen):
+            assert got["addr"] == f"{vm.address}/24" and got["mac"] == vm.spec.mac
+            assert abs(got["clock_off_s"]) < 1 + got["rtt_s"], got  # stepped to the host's clock
+        assert seen[0]["addr"] != seen[1]["addr"] and seen[0]["mac"] != seen[1]["mac"]
+        assert seen[0]["rng"] != seen[1]["rng"]  # vmgenid: each restore reseeds the kernel's RNG
+    finally:
+        for vm in vms:
+            backend.destroy(vm)
+    # the run is still open (its namespace and lock stay until the module ends); nothing of the cells
+    assert [
+        x for x in leftovers(backend.workdir, run_id) if x not in (f"netns {client.netns}", f"file {client.netns}.lock")
+    ] == []
+    assert proc.run(["ip", "-n", client.netns, "-o", "link", "show", "type", "tun"]).stdout.strip() == ""
+    assert [s.name for s in backend.warm.snapshots()] == [first.facts["warm_snapshot"]]  # it stays
+
+
+def test_another_machine_shape_builds_its_own_snapshot(warm_run, golden, workdir, snapshots):
+    backend, run_id, client = warm_run
+    snapshots.copy_into(workdir)  # the 1 GiB virtio one
+    before = {s.name for s in backend.warm.snapshots()}
+    assert len(before) == 1, before
+    # e1000 (its MAC changed live on restore, lab.backends.local.warm.fixup_batch) and 768 MiB
+    vm = up(backend, golden, warm_spec(golden, run_id, "c03", nic=NicModel.E1000, memory=768))
+    try:
+        assert vm.facts["start"] == "warm" and vm.facts["warm_snapshot"] not in before
+        assert "-e1000-" in vm.facts["warm_snapshot"] and "c768m-" in vm.facts["warm_snapshot"]
+        with backend.guest(vm, client) as guest:
+            guest.connect(timeout=60)
+            # e1000 and 768 MiB, not the other snapshot's virtio and 1 GiB
+            observed = verify(guest, facts("debian"), vm.spec)
+            assert observed["nic_driver"] == "e1000", observed
+    finally:
+        backend.destroy(vm)
+    again = backend.clone(golden, warm_spec(golden, run_id, "c04", nic=NicModel.E1000, memory=768))
+    from_dir = again.handle.get("warm", "")
+    backend.destroy(again)
+    assert again.facts["start"] == "warm" and Path(from_dir).name == vm.facts["warm_snapshot"], again.facts
+    assert vm.facts["warm_seconds"] > 5 > again.facts["warm_seconds"], (vm.facts, again.facts)  # built once, then found
+    assert {s.name for s in backend.warm.snapshots()} == before | {vm.facts["warm_snapshot"]}
+
+
+def snapshot_named(backend, memory: int) -> Path:
+    (snap,) = [s for s in backend.warm.snapshots() if f"c{memory}m-" in s.name]
+    return backend.workdir / "warm" / snap.name
+
+
+def test_a_state_qemu_cannot_load_boots_cold_and_says_why(warm_run, golden, workdir, snapshots):
+    backend, run_id, client = warm_run
+    snapshots.copy_into(workdir)  # its own copy, which it damages
+    d = snapshot_named(backend, 1024)
+    state = d / warm.STATE
+    os.chmod(state, 0o600)
+    state.write_bytes(b"QEVM" + os.urandom(4096))  # not a migration stream QEMU can load...
+    meta = json.loads((d / warm.META).read_text())
+    meta["state_sha256"] = images.file_sha256(state)  # ...though its checksum matches
+    (d / warm.META).write_text(json.dumps(meta))
+    vm = up(backend, golden, warm_spec(golden, run_id, "c04"))
+    try:
+        assert vm.facts["start"].startswith(f"cold: restore of {d.name} failed"), vm.facts["start"]
+        assert vm.facts["boot_seconds"] > 1 and "warm" not in vm.handle
+        with backend.guest(vm, client) as guest:
+            guest.connect(timeout=90)
+            verify(guest, facts("debian"), vm.spec)
+            assert guest.run("cat /sys/class/net/eth0/address").stdout.strip() == vm.spec.mac
+    finally:
+        backend.destroy(vm)
+    assert not d.exists()  # removed: a later run builds it again; this one does not try twice
+    vm = backend.clone(golden, warm_spec(golden, run_id, "c05"))
+    backend.destroy(vm)
+    assert vm.facts["start"].startswith(f"cold: restore of {d.name} failed")
+
+
+def test_a_missing_state_boots_cold_and_says_why(warm_run, golden, workdir, snapshots):
+    backend, run_id, client = warm_run
+    snapshots.copy_into(workdir)  # its own copy, which it damages
+    d = snapshot_named(backend, 1024)
+    (d / warm.STATE).unlink()
+    vm = up(backend, golden, warm_spec(golden, run_id, "c06"))
+    try:
+        assert vm.facts["start"] == (
+            f"cold: warm snapshot {d.name}: its state file is missing; removed it: the next warm cell builds it again"
+        )
+        with backend.guest(vm, client) as guest:
+            guest.connect(timeout=90)
+            verify(guest, facts("debian"), vm.spec)
+    finally:
+        backend.destroy(vm)
+    assert not d.exists()

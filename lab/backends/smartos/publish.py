@@ -4,7 +4,9 @@ SmartOS makes images only from ZFS (an image file is a `zfs send` stream), so th
 way an operator would do it by hand, with nothing but argv commands in the global zone:
 1. `vmadm create` a proto VM with one empty disk of the image's virtual size (never booted; it
    carries the lab's marker, so a publish that dies midway leaves nothing `lab gc` cannot find);
-2. the raw disk streamed over SSH into its zvol (`dd of=/dev/zvol/rdsk/...`);
+2. the raw disk's data streamed over SSH into its zvol, one `dd of=/dev/zvol/rdsk/... bs=1048576
+   seek=N` per run of data (a new zvol reads as zeros: the image's holes, three quarters of the golden
+   image's 4 GiB, are not sent; illumos dd lseeks the output by seek x bs and leaves a device as it is);
 3. `imgadm create -m - -o /var/tmp/...` with the manifest fields (name, version, os, the lab's
    marker, image name, recipe digest and sha256 in `tags`; on bhyve the NoCloud tag, so SmartOS
    hands the guest its address on a cidata disk), then `imgadm install` of the files it wrote;
@@ -13,8 +15,10 @@ Publishing an image already there (same sha256, same brand) changes nothing."""
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
+import os
 import tempfile
 import time
 import uuid as uuidlib
@@ -67,7 +71,7 @@ def publish(gz: GlobalZone, settings: Settings, image: ImageRef, *, work_dir: Pa
                 timeout=_left(deadline),
                 what="qemu-img convert (raw for the zvol)",
             )
-            gz.run(["dd", f"of={disk}", "bs=1048576"], stdin_path=raw, timeout=_left(deadline), what=f"dd of={disk}")
+            _stream(gz, raw, disk, Path(tmp) / "run", deadline)
         gz.run(
             ["imgadm", "create", "-m", "-", "-o", spool, "-c", "none", proto],
             input=json.dumps(payload.image_manifest(settings, image)),
@@ -92,6 +96,76 @@ def publish(gz: GlobalZone, settings: Settings, image: ImageRef, *, work_dir: Pa
             log.warning("%s: kept the older image %s of %s: %s", gz.host_name, old, name, exc)
     log.info("%s: published %s as image %s", gz.host_name, image.name, name)
     return name
+
+
+BLOCK = 1 << 20  # dd's bs: runs start on a block, so that seek=N lands them where they belong
+MERGE_GAP = 16 << 20  # a hole shorter than this is sent as zeros: one SSH session costs more
+MAX_RUN = 256 << 20  # at most this much in one dd (and in the local file that feeds it)
+
+
+def data_runs(raw: Path) -> list[tuple[int, int]]:
+    """(offset, length) of the parts of the raw disk `raw` that hold data, from its holes (qemu-img
+    convert leaves a hole where the image reads zeros): block-aligned, holes shorter than MERGE_GAP
+    merged, runs cut at MAX_RUN. On a file system that cannot tell holes: the whole disk."""
+    size = raw.stat().st_size
+    merged: list[list[int]] = []
+    with open(raw, "rb") as fh:
+        pos = 0
+        while pos < size:
+            try:
+                start = os.lseek(fh.fileno(), pos, os.SEEK_DATA)
+                end = os.lseek(fh.fileno(), start, os.SEEK_HOLE)
+            except OSError as exc:  # ENXIO: nothing but a hole from pos to the end
+                if exc.errno != errno.ENXIO:  # no SEEK_DATA here: all of it
+                    merged = [[0, size]]
+                break
+            lo, hi = start // BLOCK * BLOCK, min(size, -(-end // BLOCK) * BLOCK)
+            if merged and lo - merged[-1][1] < MERGE_GAP:
+                merged[-1][1] = max(merged[-1][1], hi)
+            else:
+                merged.append([lo, hi])
+            pos = end
+    return [(off, min(MAX_RUN, hi - off)) for lo, hi in merged for off in range(lo, hi, MAX_RUN)]
+
+
+def _stream(gz: GlobalZone, raw: Path, disk: str, part: Path, deadline: float) -> None:
+    """The data of `raw` into the host's zvol `disk` (zeros: a fresh zvol), a run per `dd`."""
+    runs = data_runs(raw)
+    log.info(
+        "%s: %d MiB of data of a %d MiB disk to %s in %d dd run(s)",
+        gz.host_name,
+        sum(n for _, n in runs) >> 20,
+        raw.stat().st_size >> 20,
+        disk,
+        len(runs),
+    )
+    with open(raw, "rb") as src:
+        for offset, length in runs:
+            with open(part, "wb") as out:
+                _copy_range(src.fileno(), out.fileno(), offset, length)
+            gz.run(
+                ["dd", f"of={disk}", f"bs={BLOCK}", f"seek={offset // BLOCK}"],
+                stdin_path=part,
+                timeout=_left(deadline),
+                what=f"dd of={disk} seek={offset // BLOCK}",
+            )
+    part.unlink(missing_ok=True)
+
+
+def _copy_range(src: int, dst: int, offset: int, length: int) -> None:
+    """`length` bytes of `src` from `offset` to the end of `dst`: in the kernel (copy_file_range)
+    where it can."""
+    done = 0
+    while done < length:
+        want = min(length - done, BLOCK * 16)
+        try:
+            n = os.copy_file_range(src, dst, want, offset + done)
+        except OSError:
+            data = os.pread(src, want, offset + done)
+            n = len(data) and os.write(dst, data)
+        if n == 0:
+            raise LabError(f"the raw disk ended before byte {offset + length}")
+        done += n
 
 
 def _left(deadline: float) -> float:
