@@ -50,8 +50,9 @@ def threshold_of(*manifests: dict[str, Any]) -> float:
 # -- selections ------------------------------------------------------------------------------------
 
 
-def parse_selector(items: Iterable[str] | None, option: str = "--a") -> dict[str, str]:
-    """["nic=virtio", "tuning=default,vcpus=2"] -> {"nic": "virtio", ...}. UsageError if malformed."""
+def parse_selector(items: Iterable[str] | None, option: str = "--a", extra: tuple[str, ...] = ()) -> dict[str, str]:
+    """["nic=virtio", "tuning=default,vcpus=2"] -> {"nic": "virtio", ...}. UsageError if malformed.
+    `extra`: keys the caller takes out before selecting cells (lab.variants' `variant`)."""
     out: dict[str, str] = {}
     for item in items or ():
         for part in filter(None, (p.strip() for p in item.split(","))):
@@ -59,8 +60,8 @@ def parse_selector(items: Iterable[str] | None, option: str = "--a") -> dict[str
             key, value = key.strip(), value.strip()
             if not sep or not key or not value:
                 raise UsageError(f"{option} {part!r}: expected AXIS=VALUE, e.g. nic=virtio")
-            if key not in (*AXES, "kind", "replica"):
-                raise UsageError(f"{option} {part!r}: unknown axis {key!r}; axes: {', '.join((*AXES, 'kind'))}")
+            if key not in (*AXES, "kind", "replica", *extra):
+                raise UsageError(f"{option} {part!r}: unknown axis {key!r}; axes: {', '.join((*AXES, 'kind', *extra))}")
             if key in out and out[key] != value:
                 raise UsageError(f"{option}: axis {key!r} given twice ({out[key]!r} and {value!r})")
             out[key] = value

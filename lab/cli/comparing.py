@@ -8,7 +8,7 @@ import dataclasses
 import click
 from rich.text import Text
 
-from lab import analysis, compare as compare_mod, results, stats, verdicts
+from lab import analysis, compare as compare_mod, results, stats, variants, verdicts
 from lab.cli import shapes
 from lab.cli.group import cli, config_option, read_store, results_option
 from lab.cli.printing import VERDICT_STYLES, fmt, line, out, say, styled, table
@@ -47,7 +47,8 @@ def _margin_pct(value: float) -> float:
     "sel_a",
     multiple=True,
     metavar="AXIS=VALUE",
-    help="side A: only the cells of RUN_A with these axes (repeatable, or comma-separated)",
+    help="side A: only the cells of RUN_A with these axes (repeatable, or comma-separated); "
+    "variant=TAG: only the rows whose tag (a metric's last _ part) has TAG",
 )
 @click.option(
     "--b",
@@ -85,7 +86,8 @@ def compare_cmd(run_a, run_b, sel_a, sel_b, baseline, margin, everything, config
     its 95 % CI, Mann-Whitney p and, for each workload's primary metrics, q (corrected together)
     and a verdict: better, worse, same (within the margin) or unknown; the other metrics are
     exploratory. `lab compare A B`, `lab compare RUN --a nic=virtio --b nic=e1000`,
-    `lab compare RUN --a host=pve1 --b host=bsd1`, `lab compare RUN --baseline`."""
+    `lab compare RUN --a host=pve1 --b host=bsd1`, `lab compare RUN --baseline`; a workload's own
+    variants, rows of the same cells: `lab compare RUN --a variant=crun --b variant=runc`."""
     margin = _margin_pct(margin)
     store = read_store(config_path, results_dir)
     ra = store.run(run_a)
@@ -99,9 +101,10 @@ def compare_cmd(run_a, run_b, sel_a, sel_b, baseline, margin, everything, config
     if run_b is None and not (sel_a or sel_b):
         raise UsageError("lab compare needs two runs (A B), or --a/--b selections of one run's cells, or --baseline")
     rb = store.run(run_b) if run_b else ra
-    sides = []
+    sides, picked = [], []
     for r, sel, opt in ((ra, sel_a, "--a"), (rb, sel_b, "--b")):
-        selector = analysis.parse_selector(sel, opt)
+        selector, variant = variants.take(analysis.parse_selector(sel, opt, (variants.KEY,)), opt)
+        picked.append(variant)
         sd = analysis.side(
             r.id, r.seed, store.cells(r.id), store.samples(r.id), store.host_facts.of_run(r.id), selector
         )
@@ -111,6 +114,8 @@ def compare_cmd(run_a, run_b, sel_a, sel_b, baseline, margin, everything, config
                 f" (cells: {', '.join(c.label for c in store.cells(r.id))})"
             )
         sides.append(sd)
+    if any(picked):  # a workload's own variants (rows of the same cells) as the two sides
+        sides = list(variants.sides(sides[0], sides[1], picked[0], picked[1]))
     cmp = analysis.compare_sides(
         sides[0],
         sides[1],

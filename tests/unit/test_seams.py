@@ -121,6 +121,7 @@ PARTS = {
         "lab.analysis",
         "lab.results",
         "lab.compare",
+        "lab.variants",  # a workload's own variants as a comparison's two sides
         "lab.reparse",
         "lab.history",
         "lab.explain",  # what a comparison's knobs do; its follow-up cells are config, asking them is run

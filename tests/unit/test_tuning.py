@@ -187,6 +187,7 @@ def test_lab_plan_reports_duplicates(tmp_path):
 
 def test_examples_exist():
     assert {p.stem for p in EXAMPLES} >= {"nic-shootout", "wan-tcp", "lro", "isolation", "smartos-zones", "explain"}
+    assert {p.stem for p in EXAMPLES} >= {"study-start", "study-build"}
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
@@ -216,6 +217,22 @@ def test_example_loads_and_plans(path, tmp_path):
             ("bm02", "container", "podman"),
             ("bm03", "container", "docker"),
         ]
+    elif path.stem == "study-start":  # one VM and the host; the study's variants are rows of each
+        assert [c.id for c in cells] == ["c01", "bm01"]
+        p = cfg.suite.params["container-start"]
+        assert (p["runtime"], p["network"], p["store"]) == (
+            ["crun", "runc"],
+            ["default", "host", "none"],
+            ["persistent", "transient"],
+        )
+    elif path.stem == "study-build":  # podman and docker rows in each cell; FreeBSD's LRO cells on a libvirt host
+        assert [(c.id, c.host, str(c.axes()["image"]), str(c.axes()["offloads"])) for c in cells] == [
+            ("c01", "local", "debian12", "lro=on"),
+            ("c02", "local", "debian12", "lro=off"),
+            ("c07", "kvm1", "freebsd14", "lro=on"),
+            ("c08", "kvm1", "freebsd14", "lro=off"),
+        ]
+        assert cfg.suite.params["podman-build"]["engines"] == ["podman", "docker"]
     elif path.stem == "smartos-zones":  # one zone cell for both NIC models: a zone has none
         assert [(c.id, str(c.isolation), axes_table.applies("nic", c)) for c in cells] == [
             ("c01", "vm", True),
