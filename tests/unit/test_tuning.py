@@ -187,7 +187,7 @@ def test_lab_plan_reports_duplicates(tmp_path):
 
 def test_examples_exist():
     assert {p.stem for p in EXAMPLES} >= {"nic-shootout", "wan-tcp", "lro", "isolation", "smartos-zones", "explain"}
-    assert {p.stem for p in EXAMPLES} >= {"study-start", "study-build"}
+    assert {p.stem for p in EXAMPLES} >= {"study-start", "study-build", "study-web", "study-wan"}
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
@@ -233,6 +233,21 @@ def test_example_loads_and_plans(path, tmp_path):
             ("c08", "kvm1", "freebsd14", "lro=off"),
         ]
         assert cfg.suite.params["podman-build"]["engines"] == ["podman", "docker"]
+    elif path.stem == "study-web":  # bare metal, a container, a VM, a container in it; a VM on each other host
+        assert [(c.id, c.host, str(c.isolation)) for c in cells] == [
+            ("c01", "local", "vm"),
+            ("c02", "local", "container"),
+            ("c03", "pve1", "vm"),
+            ("c05", "bsd1", "vm"),
+            ("bm01", "local", "vm"),
+            ("bm02", "local", "container"),
+        ]
+    elif path.stem == "study-wan":  # every corner of nic x buffers x cc x loss, scp beside iperf3
+        assert len(cells) == 16 and axes["cc"] == {"cubic", "bbr"} and axes["tuning"] == {"default", "wan-16m"}
+        assert cfg.suite.workloads == ["iperf3-tcp", "scp"] and {cfg.wan[w].loss_pct for w in cfg.matrix.wan} == {
+            0.0,
+            1.0,
+        }
     elif path.stem == "smartos-zones":  # one zone cell for both NIC models: a zone has none
         assert [(c.id, str(c.isolation), axes_table.applies("nic", c)) for c in cells] == [
             ("c01", "vm", True),
