@@ -150,6 +150,7 @@ def test_lab_run_records_knobs_and_duplicates(golden, tmp_path, workdir):
         offloads = ["tso=off", "tso=off,lro=off"]
         wan = ["rtt50"]
         exclude = [{ cc = "bbr", offloads = "tso=off,lro=off" }]
+        start = ["warm"]  # c01 and c02 restores of one snapshot: one boot, not two
         """,
         suite="""
         workloads = ["sysbench-cpu"]
@@ -178,6 +179,7 @@ def test_lab_run_records_knobs_and_duplicates(golden, tmp_path, workdir):
     # lro=off is already what virtio-net has: the guest reads back as c01's did
     assert cells["c02"].status == "duplicate" and cells["c02"].facts["duplicate_of"] == "c01"
     assert cells["c02"].facts["duplicate_found"] == "read-back"
+    assert c1.facts["start"] == cells["c02"].facts["start"] == "warm"  # the knobs read back on restored guests
     assert cells["c03"].status == "duplicate" and cells["c03"].facts["duplicate_found"] == "plan"
     assert not [s for s in store.samples(run.id) if s.cell_id != "c01"]
     shown = run_lab_cli("show", "-c", str(lab), cwd=tmp_path, timeout=120)
