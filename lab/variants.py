@@ -71,25 +71,20 @@ def sides(a: Side, b: Side, va: tuple[str, ...], vb: tuple[str, ...]) -> tuple[S
         raise UsageError("variant= compares two variants of the same rows: give one on each side (--a and --b)")
     if va == vb:
         raise UsageError(f"--a and --b both select variant={'-'.join(va)}: nothing to compare")
-    wanted: dict[tuple[str, str, str], str] = {}  # (workload, stem, tag B) -> the pair's name
+    named = []  # (a row of A, the key of its counterpart in B: workload, stem, B's tag, the pair's name)
     for s in a.series:
         got = split_metric(s.metric)
-        if got and (tb := swap(got[1], va, vb)) is not None:
-            wanted[(s.workload, got[0], "-".join(tb))] = f"{got[0]}_{pair_tag(got[1], va, vb)}"
+        tb = swap(got[1], va, vb) if got else None
+        if got and tb is not None:
+            named.append((s, (s.workload, got[0], "-".join(tb)), f"{got[0]}_{pair_tag(got[1], va, vb)}"))
+    wanted = {key: name for _, key, name in named}
     renamed_b = [
         dataclasses.replace(s, metric=wanted[key])
         for s in b.series
         if (got := split_metric(s.metric)) and (key := (s.workload, got[0], "-".join(got[1]))) in wanted
     ]
-    pairs = {(s.workload, s.metric) for s in renamed_b}
-    renamed_a = []
-    for s in a.series:
-        got = split_metric(s.metric)
-        tb = swap(got[1], va, vb) if got else None
-        if got and tb is not None:
-            name = wanted[(s.workload, got[0], "-".join(tb))]
-            if (s.workload, name) in pairs:
-                renamed_a.append(dataclasses.replace(s, metric=name))
+    paired = {(s.workload, s.metric) for s in renamed_b}
+    renamed_a = [dataclasses.replace(s, metric=name) for s, key, name in named if (key[0], name) in paired]
     if not renamed_a:
         a_, b_ = "-".join(va), "-".join(vb)
         raise UsageError(
