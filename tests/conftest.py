@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
-# Tests run several labs at once (-n 2): each one's VMs are the others' foreign load. Unless a
-# test's lab.toml says otherwise, no lab waits for a quiet host or flags its samples for that
-# (lab.labconfig: $LAB_QUIET_HOST is the default of [suite] quiet_host); host-load tests set it.
+# Labs may run at once (two in one test, or under `pytest -n 2`): each one's VMs are the others'
+# foreign load. Unless a test's lab.toml says otherwise, no lab waits for a quiet host or flags its
+# samples for that (lab.labconfig: $LAB_QUIET_HOST is the default of [suite] quiet_host); host-load
+# tests set it.
 os.environ.setdefault("LAB_QUIET_HOST", "off")
 
 # the order of the tests by the last run's durations, the xdist group check, the root and rerun marks

@@ -22,15 +22,15 @@ workloads = ["sysbench-cpu", "sysbench-memory", "iperf3-tcp", "http", "https"]
 repetitions = 3
 warmup = 1
 [suite.params.sysbench-cpu]
-time = 2
+time = 1
 [suite.params.sysbench-memory]
-time = 2
+time = 1
 [suite.params.iperf3-tcp]
-time = 3
+time = 2
 [suite.params.http]
-duration = 2
+duration = 1
 [suite.params.https]
-duration = 3
+duration = 2
 connections = [10]
 """
 
