@@ -145,7 +145,7 @@ def test_local_libvirt_and_two_pve_nodes_run_at_once_with_a_client_vm(
             warmup = 0
             quiet_host = "record"
             [suite.params.idle]
-            duration = 10
+            duration = 4
             [suite.params.iperf3-tcp]
             time = 2
             directions = ["rx"]

@@ -299,10 +299,10 @@ def write_libvirt_lab(tmp_path: Path, workdir: Path, bridge: str, n: int, *, wor
         warmup = 0
 
         [suite.params.sysbench-cpu]
-        time = 3
+        time = 1
 
         [suite.params.iperf3-tcp]
-        time = 3
+        time = 2
         """)
     )
     path = tmp_path / "lab.toml"

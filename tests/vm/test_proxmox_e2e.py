@@ -111,9 +111,9 @@ def test_lab_run_against_the_emulator_end_to_end(golden, pve_certs, pve_env, nod
                 repetitions = 1
                 warmup = 0
                 [suite.params.sysbench-cpu]
-                time = 3
+                time = 1
                 [suite.params.iperf3-tcp]
-                time = 3
+                time = 2
                 """)
             )
             t0 = time.monotonic()
@@ -208,10 +208,10 @@ def test_lab_run_on_the_emulator_with_a_client_machine_over_ssh(
                 repetitions = 1
                 warmup = 0
                 [suite.params.iperf3-tcp]
-                time = 3
+                time = 2
                 directions = ["rx", "tx"]
                 [suite.params.http]
-                duration = 3
+                duration = 1
                 connections = [10]
                 """)
             )

@@ -59,9 +59,9 @@ def test_lab_run_on_an_emulated_smartos_host_end_to_end(golden, brand, nic, disk
                         "repetitions = 1",
                         "warmup = 0",
                         "[suite.params.sysbench-cpu]",
-                        "time = 3",
+                        "time = 1",
                         "[suite.params.iperf3-tcp]",
-                        "time = 3",
+                        "time = 2",
                         "",
                     ]
                 )

@@ -153,10 +153,10 @@ def write_lab(tmp_path: Path, vg: dict, workloads: str) -> Path:
         warmup = 0
 
         [suite.params.sysbench-cpu]
-        time = 3
+        time = 1
 
         [suite.params.iperf3-tcp]
-        time = 3
+        time = 2
         """)
     path = tmp_path / "lab.toml"
     path.write_text(text)
