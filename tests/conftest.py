@@ -27,6 +27,15 @@ def workdir():
     yield from own_workdir()
 
 
+@pytest.fixture(scope="module")
+def module_workdir():
+    """The same, shared by a module's tests (a fixture of the module that boots once and that its
+    tests only read); swept when the module ends."""
+    from support.local import own_workdir
+
+    yield from own_workdir()
+
+
 def pytest_sessionfinish(session):
     # here, not in tests/vm/conftest.py: xdist's controller, which alone outlives both workers, loads
     # only this conftest

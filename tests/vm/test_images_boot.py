@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from support.local import local_run, own_workdir
+from support.local import local_run
 
 from lab import images, proc
 from lab.backends import local
@@ -65,37 +65,32 @@ def strict_ssh(address: str, known_hosts: Path, netns: str | None, command: str)
 
 
 @pytest.fixture(scope="module")
-def booted(golden):
+def booted(golden, module_workdir):
     """The five clones of BOOTS started together and ready: {(nic, bus): (address, vm, netns)}."""
     if "ssh_host_keys" not in golden.manifest:
         pytest.skip("images/debian12.json predates the host keys: `lab images build debian12 --force`")
-    workdirs = own_workdir()
-    workdir = next(workdirs)
-    try:
-        with local_run(workdir) as made:
-            backend, run_id, client = made["backend"], made["run_id"], made["client"]
-            vms = {}
-            try:
-                for i, (nic, bus) in enumerate(BOOTS, 1):
-                    spec = VmSpec(
-                        name=f"lab-{run_id}-c0{i}",
-                        run_id=run_id,
-                        cell_id=f"c0{i}",
-                        image=golden,
-                        nic=nic,
-                        vcpus=1,
-                        memory_mib=768,
-                        disk_bus=bus,
-                        expires_at=time.time() + 900,
-                    )
-                    vms[nic, bus] = backend.clone(golden, spec)
-                    backend.start(vms[nic, bus])
-                yield {k: (backend.wait_ready(vm), vm, client.netns) for k, vm in vms.items()}
-            finally:
-                for vm in vms.values():
-                    backend.destroy(vm)
-    finally:
-        next(workdirs, None)  # the leak sweep: what the run left fails the module's last test
+    with local_run(module_workdir) as made:
+        backend, run_id, client = made["backend"], made["run_id"], made["client"]
+        vms = {}
+        try:
+            for i, (nic, bus) in enumerate(BOOTS, 1):
+                spec = VmSpec(
+                    name=f"lab-{run_id}-c0{i}",
+                    run_id=run_id,
+                    cell_id=f"c0{i}",
+                    image=golden,
+                    nic=nic,
+                    vcpus=1,
+                    memory_mib=768,
+                    disk_bus=bus,
+                    expires_at=time.time() + 900,
+                )
+                vms[nic, bus] = backend.clone(golden, spec)
+                backend.start(vms[nic, bus])
+            yield {k: (backend.wait_ready(vm), vm, client.netns) for k, vm in vms.items()}
+        finally:
+            for vm in vms.values():
+                backend.destroy(vm)
 
 
 @pytest.mark.xdist_group("boot")

@@ -129,20 +129,14 @@ network = ["default", "host"]
 
 
 @pytest.fixture(scope="module")
-def bridge_cell(golden, tmp_path_factory):
+def bridge_cell(golden, tmp_path_factory, module_workdir):
     """One `lab run` the two bridge-container tests below only read (one boot, one container set-up
     instead of two): its one cell a container on podman's bridge in a VM tuned with wan-16m,
     measuring http and the workloads that start containers. (workdir, store, run, box)."""
-    from support.local import own_workdir
-
-    workdir_of = own_workdir()
-    workdir = next(workdir_of)
-    try:
-        matrix = 'isolation = ["container"]\ntuning = ["wan-16m"]\n'
-        store, run, box = one_bridge_container_cell(tmp_path_factory.mktemp("bridge"), workdir, matrix, BRIDGE_SUITE)
-        yield workdir, store, run, box
-    finally:
-        next(workdir_of, None)  # the sweep: what the run left is removed, and fails the test
+    matrix = 'isolation = ["container"]\ntuning = ["wan-16m"]\n'
+    tmp = tmp_path_factory.mktemp("bridge")
+    store, run, box = one_bridge_container_cell(tmp, module_workdir, matrix, BRIDGE_SUITE)
+    return module_workdir, store, run, box
 
 
 @pytest.mark.xdist_group("bridge")  # both on one worker: they share the run of bridge_cell

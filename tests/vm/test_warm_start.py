@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 from support.cli import run_lab_cli
-from support.local import leftovers, own_workdir, write_lab
+from support.local import leftovers, write_lab
 
 from lab import images, proc
 from lab.backends import local
@@ -91,9 +91,8 @@ def copy(snapshot: Path, store: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def snapshots(golden):
-    for workdir in own_workdir():  # one pass; own_workdir's sweep of it when the module ends
-        yield Snapshots(workdir, golden)
+def snapshots(golden, module_workdir):
+    return Snapshots(module_workdir, golden)
 
 
 @pytest.fixture
