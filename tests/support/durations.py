@@ -2,7 +2,7 @@
 the last run, kept in tests/durations.json.
 
 Ordering: each worker takes the next test when it is almost out of work, so a pass that starts with
-its longest work ends on short tests, which even out the two workers' last minutes, instead of on a
+its longest work ends on short tests, which even out the workers' last minutes, instead of on a
 long VM test that leaves one core idle. The sort is stable; an xdist group weighs what its tests
 add up to (make test passes --no-loadscope-reorder, which would put the groups with most tests
 first). A test the file does not know counts as SECONDS_VM if it boots a VM, else 0.
