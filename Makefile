@@ -47,9 +47,10 @@ run: images
 	$(LAB) run
 
 # Three passes: the fast lane beside the image build (below); everything else that is independent on
-# one worker (the libvirt tests sharing one libvirtd the session starts and stops: one worker, not
-# two, because two workers' TCG guests on 2 cores starve each other: this pass took 2,373 s on one
-# worker against 2,995 s on two, each test 2 to 4 times slower beside another's VMs); then, alone,
+# two workers (the libvirt tests sharing one libvirtd the session starts and stops), their local and
+# emulated guests' vCPUs on one host thread each (tcg_threads = "single": tests/support/local.py),
+# since two workers' multi-threaded TCG guests on 2 cores preempt each other mid-translation (8 VM
+# tests: 842 s on one worker, 688 s on two multi-threaded, 562 s on two single-threaded); then, alone,
 # without that libvirtd, the measurements that other VMs on the same 2 cores would skew (a change
 # point, an explanation, a host hog), and the tests that start libvirtd themselves or
 # `lab gc --force` every lab domain of qemu:///system (tests/vm/test_chaos_vm.py).
@@ -73,7 +74,7 @@ test: setup
 	image=0; wait $$build || image=$$?; cat "$$log"; \
 	if [ $$image != 0 ]; then echo "make images failed (exit $$image)"; exit $$image; fi; \
 	exit $$fast
-	$(PYTEST) -n 1 --dist loadgroup --no-loadscope-reorder -q -rsR --durations=25 --update-durations -m '(vm or image or root or browser) and not serial and not packer_modern'
+	$(PYTEST) -n 2 --dist loadgroup --no-loadscope-reorder -q -rsR --durations=25 --update-durations -m '(vm or image or root or browser) and not serial and not packer_modern'
 	$(PYTEST) -n 0 -q -rsR --durations=10 --update-durations -m serial
 
 # Static checks; no VM, no image, no root: about 9 s with cold caches, 3 s warm, on 2 cores.

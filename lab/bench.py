@@ -155,6 +155,7 @@ class Bench:
             cmdline=cmdline,
             tap=tap,
             gateway=self.client.address,
+            tcg_threads=self.backend.settings.tcg_threads,
         )
         p = proc.spawn(argv, netns=netns)
         try:

@@ -31,7 +31,7 @@ from pathlib import Path
 from urllib.parse import unquote
 
 from lab import images, proc
-from lab.backends.local import NIC_DEVICE, QEMU, disk_args, stop_process
+from lab.backends.local import NIC_DEVICE, QEMU, disk_args, machine_args, stop_process
 from lab.errors import LabError
 from lab.model import Accel, DiskBus, ImageRef, NicModel
 
@@ -74,9 +74,13 @@ class QemuBacking:
         bridge: str = "vmbr0",
         prefix: int = 24,
         accel: Accel = Accel.TCG,
+        tcg_threads: str = "single",
     ):
         self.image, self.netns, self.workdir, self.key = image, netns, Path(workdir), Path(key)
         self.subnet, self.bridge, self.prefix, self.accel = subnet, bridge, prefix, accel
+        # single: the emulated host runs only in tests, its guests beside another worker's on 2 cores
+        # (lab.backends.local.machine_args; docs/testing.md)
+        self.tcg_threads = tcg_threads
         self.gateway = f"{subnet}.1"
         self.workdir.mkdir(parents=True, exist_ok=True)
 
@@ -121,8 +125,7 @@ class QemuBacking:
             QEMU,
             "-name",
             f"{name},process={name}",
-            "-machine",
-            f"pc,accel={self.accel.value}",
+            *machine_args(self.accel, self.tcg_threads),
             "-nodefaults",
             "-no-user-config",
             "-display",

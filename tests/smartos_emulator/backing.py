@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from lab import images, proc
-from lab.backends.local import QEMU, stop_process
+from lab.backends.local import QEMU, machine_args, stop_process
 from lab.model import Accel, ImageRef
 
 OVMF_CODE = Path("/usr/share/OVMF/OVMF_CODE_4M.fd")
@@ -180,8 +180,12 @@ class QemuBacking:
         bridges: dict[str, str],
         subnet: str,
         accel: Accel = Accel.TCG,
+        tcg_threads: str = "single",
     ):
         self.image, self.workdir, self.netns, self.bridges, self.accel = image, Path(workdir), netns, bridges, accel
+        # single: the emulated host runs only in tests, its guests beside another worker's on 2 cores
+        # (lab.backends.local.machine_args; docs/testing.md)
+        self.tcg_threads = tcg_threads
         self.dhcp = Dnsmasq(self.workdir, netns=netns, bridge=next(iter(bridges.values())), subnet=subnet)
         self._n = 0
 
@@ -208,8 +212,7 @@ class QemuBacking:
             QEMU,
             "-name",
             f"{obj['alias'] or vm.uuid},process={obj['alias'] or vm.uuid}",
-            "-machine",
-            f"pc,accel={self.accel.value}",
+            *machine_args(self.accel, self.tcg_threads),
             "-nodefaults",
             "-no-user-config",
             "-display",

@@ -21,6 +21,7 @@ from lab.backends import local
 from lab.wait import wait_until
 from support import chaos_plant, libvirt_daemons
 from support.libvirt_daemons import VIRSH_TIMEOUT
+from support.local import TCG_THREADS
 
 LAB = [sys.executable, "-m", "lab"]
 URI = libvirt_daemons.URI
@@ -158,6 +159,7 @@ class Scenario:
             backend = "local"
             workdir = "{self.workdir}"
             boot_timeout = 300
+            tcg_threads = "{TCG_THREADS}"
             """)
             + textwrap.dedent(hosts)
             + textwrap.dedent("""

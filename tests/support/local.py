@@ -15,6 +15,11 @@ import pytest
 
 from lab.model import CloneKind, VmSpec
 
+# The tests' local guests run their vCPUs on one host thread ([hosts.NAME] tcg_threads): make test
+# runs two VM tests at once on 2 cores, where MTTCG's threads preempt each other (8 VM tests: 688 s
+# on two workers multi-threaded, 562 s single-threaded, 842 s on one worker; docs/testing.md)
+TCG_THREADS = "single"
+
 
 def own_workdir():
     """The `workdir` fixture's body. At teardown, passed or failed, whatever runs of the directory
@@ -70,6 +75,7 @@ def write_lab(tmp_path: Path, workdir: Path, *, matrix: str = "", suite: str = "
         backend = "local"
         workdir = "{workdir}"
         boot_timeout = 300
+        tcg_threads = "{TCG_THREADS}"
         """)
         + textwrap.dedent(extra)
         + "\n[matrix]\n"
@@ -88,7 +94,9 @@ def local_run(workdir: Path):
     made is destroyed (put it in the yielded dict as "vm"), then the run's namespace."""
     from lab.backends import local
 
-    backend = local.LocalBackend("local", local.Settings(backend="local", workdir=str(workdir), accel="auto"))
+    backend = local.LocalBackend(
+        "local", local.Settings(backend="local", workdir=str(workdir), accel="auto", tcg_threads=TCG_THREADS)
+    )
     backend.check()
     run_id = os.urandom(4).hex()
     made: dict = {"backend": backend, "run_id": run_id, "client": backend.open_run(run_id), "vm": None}

@@ -95,6 +95,27 @@ def test_qemu_argv_under_kvm_with_qboot(tmp_path):
     assert "virtio-net-pci,netdev=n0,mac=52:54:00:00:00:11,romfile=" in argv
 
 
+def test_tcg_threads_single_names_the_accelerator_with_accel_alone(tmp_path):
+    # QEMU refuses `-machine accel=` beside `-accel`: single-threaded TCG is said with -accel only
+    assert local.machine_args(Accel.TCG) == ["-machine", "pc,accel=tcg"]
+    assert local.machine_args(Accel.TCG, "single") == ["-machine", "pc", "-accel", "tcg,thread=single"]
+    assert local.machine_args(Accel.KVM, "single") == ["-machine", "pc,accel=kvm"]  # a TCG setting only
+    assert local.machine_args(Accel.TCG, "single", ",memory-backend=ram0")[:2] == ["-machine", "pc,memory-backend=ram0"]
+    spec = make_spec(IMAGE, "abcd0001", NicModel.VIRTIO, ip="10.77.0.11", mac="52:54:00:00:00:11")
+    common = dict(vmdir=tmp_path, kernel=Path("k"), initrd=Path("i"), cmdline="", tap="t", gateway="10.77.0.1")
+    argv = local.qemu_argv(spec, accel=Accel.TCG, tcg_threads="single", **common)
+    assert argv[argv.index("-accel") + 1] == "tcg,thread=single" and "pc" == argv[argv.index("-machine") + 1]
+    assert not any("accel=" in a for a in argv)
+    assert "-accel" not in local.qemu_argv(spec, accel=Accel.TCG, **common)  # QEMU's default: multi
+
+
+def test_tcg_threads_setting_is_multi_or_single():
+    assert local.Settings(backend="local").tcg_threads == "multi"
+    assert local.Settings(backend="local", tcg_threads="single").tcg_threads == "single"
+    with pytest.raises(ValueError, match="tcg_threads"):
+        local.Settings(backend="local", tcg_threads="two")
+
+
 @pytest.mark.parametrize("bus", list(DiskBus))
 def test_disk_args_put_drive_d0_on_every_bus(bus, tmp_path):
     argv = local.disk_args(bus, tmp_path / "disk.qcow2")

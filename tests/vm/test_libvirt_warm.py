@@ -37,6 +37,7 @@ pytestmark = [
     pytest.mark.vm,
     pytest.mark.image,
     pytest.mark.timeout(1800),
+    pytest.mark.xdist_group("libvirt-warm"),  # one worker: one warm_host, one snapshot built, not two
 ]
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 from support.cli import run_lab_cli
-from support.local import leftovers, write_lab
+from support.local import TCG_THREADS, leftovers, write_lab
 
 from lab import images, proc
 from lab.backends import local
@@ -70,7 +70,9 @@ class Snapshots:
         return copy(src, warm.WarmStore(workdir).ensure())
 
     def build(self, nic: NicModel, memory: int) -> Path:
-        backend = local.LocalBackend("local", local.Settings(backend="local", workdir=str(self.workdir)))
+        backend = local.LocalBackend(
+            "local", local.Settings(backend="local", workdir=str(self.workdir), tcg_threads=TCG_THREADS)
+        )
         backend.check()
         run_id = os.urandom(4).hex()
         backend.open_run(run_id)
@@ -98,7 +100,9 @@ def snapshots(golden, module_workdir):
 @pytest.fixture
 def warm_run(golden, workdir):
     """(backend, run id, client) of a run in the test's workdir; the run leaves nothing."""
-    backend = local.LocalBackend("local", local.Settings(backend="local", workdir=str(workdir)))
+    backend = local.LocalBackend(
+        "local", local.Settings(backend="local", workdir=str(workdir), tcg_threads=TCG_THREADS)
+    )
     backend.check()
     run_id = os.urandom(4).hex()
     client = backend.open_run(run_id)
@@ -155,7 +159,7 @@ import sys, time
 from lab import images
 from lab.backends import local
 from lab.model import NicModel, VmSpec
-backend = local.LocalBackend("local", local.Settings(backend="local", workdir=sys.argv[1]))
+backend = local.LocalBackend("local", local.Settings(backend="local", workdir=sys.argv[1], tcg_threads=sys.argv[3]))
 run_id = sys.argv[2]
 client = backend.open_run(run_id)
 image = images.load("debian12")
@@ -178,7 +182,7 @@ def test_killed_mid_build_and_after_restore_then_gc_keeps_only_the_snapshot(gold
         run_id = os.urandom(4).hex()
         made.append(run_id)
         return subprocess.Popen(
-            [sys.executable, "-c", textwrap.dedent(MAKER), str(workdir), run_id],
+            [sys.executable, "-c", textwrap.dedent(MAKER), str(workdir), run_id, TCG_THREADS],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -211,7 +215,9 @@ def test_killed_mid_build_and_after_restore_then_gc_keeps_only_the_snapshot(gold
             kill(p)
         assert any(f"lab-{run_id}-w" in x for x in leftovers(workdir, run_id))
         gc(run_id)
-        backend = local.LocalBackend("local", local.Settings(backend="local", workdir=str(workdir)))
+        backend = local.LocalBackend(
+            "local", local.Settings(backend="local", workdir=str(workdir), tcg_threads=TCG_THREADS)
+        )
         assert backend.warm.snapshots() == []  # nothing half-made in the store
         # 2. killed with a warm cell running, after building the snapshot again: gc takes the cell,
         # the snapshot stays (no run owns it)

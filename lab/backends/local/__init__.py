@@ -23,7 +23,16 @@ from lab.backends.local.host import (
 )
 from lab.backends.local.kvm import KVM_PROBE_CACHE, KVM_PROBE_FILE, probe_kvm
 from lab.backends.local.layout import netns_name
-from lab.backends.local.qemu import NIC_DEVICE, QEMU, READY_MARKER, boot_files, disk_args, qemu_argv, qemu_version
+from lab.backends.local.qemu import (
+    NIC_DEVICE,
+    QEMU,
+    READY_MARKER,
+    boot_files,
+    disk_args,
+    machine_args,
+    qemu_argv,
+    qemu_version,
+)
 from lab.backends.local.settings import Settings, capabilities
 
 __all__ = [
@@ -46,6 +55,7 @@ __all__ = [
     "netns_exists",
     "netns_name",
     "probe_kvm",
+    "machine_args",
     "qemu_argv",
     "qemu_processes",
     "qemu_version",

@@ -107,6 +107,7 @@ class LocalBackend(Backend):
         return {
             "backend": self.name,
             "accel": self.machines.known_accel,
+            **({"tcg_threads": self.settings.tcg_threads} if self.machines.known_accel == "tcg" else {}),
             "qemu": qemu_version(),
             "kernel": platform.release(),
         }

@@ -55,6 +55,15 @@ def disk_args(bus: DiskBus, path: Path) -> list[str]:
     return drive + DISK_DEVICES[bus]
 
 
+def machine_args(accel: Accel, tcg_threads: str = "multi", options: str = "") -> list[str]:
+    """Pure: -machine (pc with `options`) and its accelerator. Under TCG, `tcg_threads` "single"
+    runs all of a VM's vCPUs on one host thread instead of one each ([hosts.NAME] tcg_threads).
+    QEMU refuses `-machine accel=` beside `-accel`, so that mode names the accelerator with -accel."""
+    if accel is Accel.TCG and tcg_threads == "single":
+        return ["-machine", f"pc{options}", "-accel", "tcg,thread=single"]
+    return ["-machine", f"pc,accel={accel.value}{options}"]
+
+
 def qemu_argv(
     spec: VmSpec,
     *,
@@ -70,6 +79,7 @@ def qemu_argv(
     ram: Path | None = None,
     ram_shared: bool = False,
     incoming: bool = False,
+    tcg_threads: str = "multi",
 ) -> list[str]:
     """Pure but for whether `qboot` exists: the QEMU command line for a VM (also `make bench`'s bare boot).
 
@@ -79,13 +89,11 @@ def qemu_argv(
     guest reseeds its RNG from it), and boots SeaBIOS: qboot hangs with vmgenid. `incoming` waits
     for a migration stream (`-incoming defer`) instead of booting."""
     append = f"{cmdline} lab.ip={spec.ip}/{prefix} lab.gw={gateway}".strip()
-    machine = f"pc,accel={accel.value}" + (",memory-backend=ram0" if ram else "")
     argv = [
         QEMU,
         "-name",
         f"{spec.name},process={spec.name}",
-        "-machine",
-        machine,
+        *machine_args(accel, tcg_threads, ",memory-backend=ram0" if ram else ""),
         "-nodefaults",
         "-no-user-config",
         "-display",

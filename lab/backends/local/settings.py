@@ -24,6 +24,16 @@ class Settings(HostSettings):
         default="auto",
         description="auto: boot a kernel under KVM once and fall back to TCG if it is silent; kvm or tcg force one",
     )
+    # MTTCG (a host thread per vCPU) is QEMU's default and the fastest for one VM; but VMs started at
+    # once on few cores then preempt each other's vCPU threads mid-translation (make test's two workers
+    # on 2 cores: 688 s for 8 VM tests against 562 s single-threaded; docs/testing.md)
+    tcg_threads: Literal["multi", "single"] = Field(
+        default="multi",
+        description=(
+            "under TCG: multi runs each vCPU on a host thread of its own; single runs all of a VM's vCPUs on one, "
+            "which shares few cores better between VMs running at once"
+        ),
+    )
     # clones, pidfiles, consoles, leases; shared by runs so `lab gc` finds them. Default: "local" in
     # the lab's private state directory (lab.statedir, BackendEnv.state_dir). Root acts on what
     # is found there, so it must be this user's alone (checked before a run: lab.statedir.check)

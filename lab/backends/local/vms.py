@@ -86,6 +86,7 @@ class Machines:
             cmdline=cmdline,
             tap=tap,
             gateway=self.gateway,
+            tcg_threads=self.settings.tcg_threads,
             **extra,
         )
 
