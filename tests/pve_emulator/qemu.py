@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import unquote
 
+from support.local import TCG_THREADS
+
 from lab import images, proc
 from lab.backends.local import NIC_DEVICE, QEMU, disk_args, machine_args, stop_process
 from lab.errors import LabError
@@ -74,12 +76,11 @@ class QemuBacking:
         bridge: str = "vmbr0",
         prefix: int = 24,
         accel: Accel = Accel.TCG,
-        tcg_threads: str = "single",
+        tcg_threads: str = TCG_THREADS,
     ):
         self.image, self.netns, self.workdir, self.key = image, netns, Path(workdir), Path(key)
         self.subnet, self.bridge, self.prefix, self.accel = subnet, bridge, prefix, accel
-        # single: the emulated host runs only in tests, its guests beside another worker's on 2 cores
-        # (lab.backends.local.machine_args; docs/testing.md)
+        # the test suite's choice for its guests: support.local.TCG_THREADS
         self.tcg_threads = tcg_threads
         self.gateway = f"{subnet}.1"
         self.workdir.mkdir(parents=True, exist_ok=True)

@@ -29,6 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from support.local import TCG_THREADS
+
 from lab import images, proc
 from lab.backends.local import QEMU, machine_args, stop_process
 from lab.model import Accel, ImageRef
@@ -180,11 +182,10 @@ class QemuBacking:
         bridges: dict[str, str],
         subnet: str,
         accel: Accel = Accel.TCG,
-        tcg_threads: str = "single",
+        tcg_threads: str = TCG_THREADS,
     ):
         self.image, self.workdir, self.netns, self.bridges, self.accel = image, Path(workdir), netns, bridges, accel
-        # single: the emulated host runs only in tests, its guests beside another worker's on 2 cores
-        # (lab.backends.local.machine_args; docs/testing.md)
+        # the test suite's choice for its guests: support.local.TCG_THREADS
         self.tcg_threads = tcg_threads
         self.dhcp = Dnsmasq(self.workdir, netns=netns, bridge=next(iter(bridges.values())), subnet=subnet)
         self._n = 0

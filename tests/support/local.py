@@ -15,10 +15,12 @@ import pytest
 
 from lab.model import CloneKind, VmSpec
 
-# The tests' local guests run their vCPUs on one host thread ([hosts.NAME] tcg_threads): make test
-# runs two VM tests at once on 2 cores, where MTTCG's threads preempt each other (8 VM tests: 688 s
-# on two workers multi-threaded, 562 s single-threaded, 842 s on one worker; docs/testing.md)
-TCG_THREADS = "single"
+# The tests' local and emulated guests ([hosts.NAME] tcg_threads): their vCPUs on one host thread
+# when pytest-xdist runs VM tests on two workers at once (make test's VM pass, 2 cores), where
+# MTTCG's threads preempt each other (8 VM tests: 688 s on two workers multi-threaded, 562 s
+# single-threaded, 842 s on one worker); QEMU's default alone (the serial pass: a 2-vCPU guest
+# single-threaded is ~1.3x slower, and a CPU quota of more than a core would not bite it)
+TCG_THREADS = "single" if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1 else "multi"
 
 
 def own_workdir():
