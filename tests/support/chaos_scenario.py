@@ -21,7 +21,7 @@ from lab.backends import local
 from lab.wait import wait_until
 from support import chaos_plant, libvirt_daemons
 from support.libvirt_daemons import VIRSH_TIMEOUT
-from support.local import TCG_THREADS
+from support.local import local_table
 
 LAB = [sys.executable, "-m", "lab"]
 URI = libvirt_daemons.URI
@@ -155,12 +155,8 @@ class Scenario:
             results = "{self.results}"
             {lab}
 
-            [hosts.local]
-            backend = "local"
-            workdir = "{self.workdir}"
-            boot_timeout = 300
-            tcg_threads = "{TCG_THREADS}"
             """)
+            + local_table(self.workdir)
             + textwrap.dedent(hosts)
             + textwrap.dedent("""
             [matrix]

@@ -19,7 +19,7 @@ from lab.model import CloneKind, VmSpec
 # when pytest-xdist runs VM tests on two workers at once (make test's VM pass, 2 cores), where
 # MTTCG's threads preempt each other (8 VM tests: 688 s on two workers multi-threaded, 562 s
 # single-threaded, 842 s on one worker); QEMU's default alone (the serial pass: a 2-vCPU guest
-# single-threaded is ~1.3x slower, and a CPU quota of more than a core would not bite it)
+# single-threaded is ~1.3x slower alone: a boot ~25 s against ~19 s)
 TCG_THREADS = "single" if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1 else "multi"
 
 
@@ -65,6 +65,20 @@ def sweep(workdir: Path) -> list[str]:
     return found
 
 
+def local_table(workdir: Path) -> str:
+    """The tests' `[hosts.local]` table: its state in `workdir`, its guests as TCG_THREADS says."""
+    return (
+        f'[hosts.local]\nbackend = "local"\nworkdir = "{workdir}"\nboot_timeout = 300\ntcg_threads = "{TCG_THREADS}"\n'
+    )
+
+
+def local_backend(workdir: Path):
+    """A local backend of tests with its state in `workdir`, its guests as TCG_THREADS says."""
+    from lab.backends import local
+
+    return local.LocalBackend("local", local.Settings(backend="local", workdir=str(workdir), tcg_threads=TCG_THREADS))
+
+
 def write_lab(tmp_path: Path, workdir: Path, *, matrix: str = "", suite: str = "", extra: str = "") -> Path:
     """A lab.toml for tests: local backend in `workdir`, results under tmp_path."""
     text = (
@@ -73,12 +87,8 @@ def write_lab(tmp_path: Path, workdir: Path, *, matrix: str = "", suite: str = "
         name = "test"
         results = "{tmp_path / "results"}"
 
-        [hosts.local]
-        backend = "local"
-        workdir = "{workdir}"
-        boot_timeout = 300
-        tcg_threads = "{TCG_THREADS}"
         """)
+        + local_table(workdir)
         + textwrap.dedent(extra)
         + "\n[matrix]\n"
         + textwrap.dedent(matrix)
@@ -94,11 +104,7 @@ def write_lab(tmp_path: Path, workdir: Path, *, matrix: str = "", suite: str = "
 def local_run(workdir: Path):
     """A run of the local backend without the runner: (backend, run id, client); the VM the test
     made is destroyed (put it in the yielded dict as "vm"), then the run's namespace."""
-    from lab.backends import local
-
-    backend = local.LocalBackend(
-        "local", local.Settings(backend="local", workdir=str(workdir), accel="auto", tcg_threads=TCG_THREADS)
-    )
+    backend = local_backend(workdir)
     backend.check()
     run_id = os.urandom(4).hex()
     made: dict = {"backend": backend, "run_id": run_id, "client": backend.open_run(run_id), "vm": None}

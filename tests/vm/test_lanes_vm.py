@@ -20,7 +20,7 @@ from pve_emulator.fixtures import FULL_ACL, TOKEN_ID, TOKEN_SECRET, pve_certs_fi
 from pve_emulator.qemu import QemuBacking
 from support.chaos_scenario import cell_state, run_id_of, wait_for
 from support.cli import LAB, run_lab_cli
-from support.local import TCG_THREADS, leftovers
+from support.local import leftovers, local_table
 from test_libvirt_e2e import kvm_table, lab_bridge, leftovers as libvirt_leftovers, virsh_names  # noqa: F401
 from test_proxmox_e2e import SUBNET, _qemus_under, node_netns, publish_template, pve_host_table  # noqa: F401
 
@@ -96,12 +96,8 @@ def write_toml(tmp_path: Path, workdir: Path, table: str, suite: str, kvm: str =
         textwrap.dedent(f"""
         [lab]
         results = "{tmp_path / "results"}"
-        [hosts.local]
-        backend = "local"
-        workdir = "{workdir}"
-        boot_timeout = 300
-        tcg_threads = "{TCG_THREADS}"
         """)
+        + local_table(workdir)
         + table
         + kvm
         + textwrap.dedent(f"""

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 from support.cli import run_lab_cli
-from support.local import TCG_THREADS, leftovers, write_lab
+from support.local import TCG_THREADS, leftovers, local_backend, write_lab
 
 from lab import images, proc
 from lab.backends import local
@@ -70,9 +70,7 @@ class Snapshots:
         return copy(src, warm.WarmStore(workdir).ensure())
 
     def build(self, nic: NicModel, memory: int) -> Path:
-        backend = local.LocalBackend(
-            "local", local.Settings(backend="local", workdir=str(self.workdir), tcg_threads=TCG_THREADS)
-        )
+        backend = local_backend(self.workdir)
         backend.check()
         run_id = os.urandom(4).hex()
         backend.open_run(run_id)
@@ -100,9 +98,7 @@ def snapshots(golden, module_workdir):
 @pytest.fixture
 def warm_run(golden, workdir):
     """(backend, run id, client) of a run in the test's workdir; the run leaves nothing."""
-    backend = local.LocalBackend(
-        "local", local.Settings(backend="local", workdir=str(workdir), tcg_threads=TCG_THREADS)
-    )
+    backend = local_backend(workdir)
     backend.check()
     run_id = os.urandom(4).hex()
     client = backend.open_run(run_id)
@@ -215,9 +211,7 @@ def test_killed_mid_build_and_after_restore_then_gc_keeps_only_the_snapshot(gold
             kill(p)
         assert any(f"lab-{run_id}-w" in x for x in leftovers(workdir, run_id))
         gc(run_id)
-        backend = local.LocalBackend(
-            "local", local.Settings(backend="local", workdir=str(workdir), tcg_threads=TCG_THREADS)
-        )
+        backend = local_backend(workdir)
         assert backend.warm.snapshots() == []  # nothing half-made in the store
         # 2. killed with a warm cell running, after building the snapshot again: gc takes the cell,
         # the snapshot stays (no run owns it)
