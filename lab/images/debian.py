@@ -82,6 +82,7 @@ def build_debian(r: Recipe, name: str, work: Path, idir: Path, digest: str, say:
     env = {
         "LAB_OVERLAY": str(lab.TEMPLATES_DIR / "image" / "rootfs"),
         "LAB_MASKS": str(lab.TEMPLATES_DIR / "image" / "masked-units"),
+        "LAB_GENERATOR_MASKS": str(lab.TEMPLATES_DIR / "image" / "masked-generators"),
         "LAB_PUBKEY": pubkey,
         "LAB_HOSTNAME": r.hostname,
         "DEBIAN_FRONTEND": "noninteractive",

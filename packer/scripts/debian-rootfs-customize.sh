@@ -1,10 +1,11 @@
 #!/bin/sh
 # mmdebstrap --customize-hook for the debian12 golden image: runs after every package is installed.
 # $1 = the rootfs directory. Environment: LAB_PUBKEY (the lab's SSH public key, one line),
-# LAB_MASKS (file listing units to mask), LAB_HOSTNAME.
+# LAB_MASKS (file listing units to mask), LAB_GENERATOR_MASKS (file listing systemd generators to
+# mask), LAB_HOSTNAME.
 set -eu
 root="$1"
-: "${LAB_PUBKEY:?}" "${LAB_MASKS:?}" "${LAB_HOSTNAME:?}"
+: "${LAB_PUBKEY:?}" "${LAB_MASKS:?}" "${LAB_GENERATOR_MASKS:?}" "${LAB_HOSTNAME:?}"
 
 echo "$LAB_HOSTNAME" > "$root/etc/hostname"
 printf '127.0.0.1\tlocalhost\n127.0.1.1\t%s\n::1\tlocalhost ip6-localhost ip6-loopback\n' \
@@ -27,6 +28,11 @@ chroot "$root" systemctl disable ssh.socket >/dev/null 2>&1 || true
 chroot "$root" systemctl enable ssh.service lab-net.service lab-ready.service nginx.service >/dev/null 2>&1
 grep -v '^#' "$LAB_MASKS" | grep . | while read -r unit; do
     ln -sf /dev/null "$root/etc/systemd/system/$unit"
+done
+install -d "$root/etc/systemd/system-generators"
+grep -v '^#' "$LAB_GENERATOR_MASKS" | grep . | while read -r generator; do
+    test -e "$root/lib/systemd/system-generators/$generator" || { echo "no generator $generator to mask" >&2; exit 1; }
+    ln -sf /dev/null "$root/etc/systemd/system-generators/$generator"
 done
 
 rm -f "$root/etc/resolv.conf"

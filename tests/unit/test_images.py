@@ -396,6 +396,15 @@ def test_image_units_keep_the_boot_contract():
         assert m in modules
     sshd = (root / "etc/ssh/sshd_config.d/lab.conf").read_text()
     assert "PasswordAuthentication no" in sshd and "PermitRootLogin prohibit-password" in sshd
+    # what boots faster must not stop a bus, a NIC or the root filesystem from working
+    blacklisted = {line.split()[1] for line in (root / "etc/modprobe.d/lab.conf").read_text().splitlines()
+                   if line.startswith("blacklist ")}  # fmt: skip
+    assert blacklisted and not blacklisted & set(modules)
+    assert not blacklisted & {"virtio_net", "e1000", "e1000e", "8139cp", "8139too", "vmxnet3", "ata_piix", "ext4"}
+    masked_generators = (lab.TEMPLATES_DIR / "image" / "masked-generators").read_text().splitlines()
+    generators = [g.strip() for g in masked_generators if g.strip() and not g.startswith("#")]
+    assert all(g.startswith("systemd-") and g.endswith("-generator") for g in generators), generators
+    assert "systemd-sysv-generator" in generators and "systemd-fstab-generator" not in generators
 
 
 def test_ensure_key_makes_one_key_and_keeps_it(tmp_path):

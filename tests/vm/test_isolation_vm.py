@@ -115,16 +115,18 @@ files = 60
 file_kib = 16
 commits = 2
 network = ["default"]
+# one network each (the nested podman's own bridge): the other rows (runc, none, host) are the same
+# flags nested or not, and test_apps_lab measures them on the guest's podman
 [suite.params.container-start]
-runtime = ["crun"]  # runc's starts: test_apps_lab (the runtime is podman's flag, nested or not)
-network = ["default", "none"]
+runtime = ["crun"]
+network = ["default"]
 runs = 1
 warmup = 0
 [suite.params.git-clone]
 files = 60
 file_kib = 16
 commits = 2
-network = ["default", "host"]
+network = ["default"]
 """
 
 
@@ -155,7 +157,7 @@ def test_a_bridge_container_in_a_tuned_vm_gets_the_tcp_sysctls_its_namespace_may
 @pytest.mark.timeout(1800)
 def test_workloads_that_start_containers_run_inside_a_bridge_container_cell(bridge_cell):
     """Nested podman: the cell's container on podman's bridge network, privileged, with a store of its
-    own; podman-build, container-start and git-clone's container places start their containers
+    own; podman-build, container-start and git-clone's container place start their containers
     inside it (on its own bridge network too), from the guest's base image seen read-only; scp
     copies to the container's own sshd through its published port."""
     workdir, store, run, box = bridge_cell
@@ -170,9 +172,7 @@ def test_workloads_that_start_containers_run_inside_a_bridge_container_cell(brid
     assert {s.labels.get("container") for s in got.values()} == {box["id"][:12]}  # all measured inside it
     for step in ("from", "packages", "clone", "make", "build"):
         assert got[("podman-build", f"{step}_seconds_podman-default")].value > 0
-    for tag in ("crun-default-persistent", "crun-none-persistent"):
-        assert got[("container-start", f"start_ms_{tag}")].value > 0
-    for place in ("default", "host"):
-        assert got[("git-clone", f"clone_mb_s_{place}")].value > 0
+    assert got[("container-start", "start_ms_crun-default-persistent")].value > 0
+    assert got[("git-clone", "clone_mb_s_default")].value > 0
     assert got[("scp", "throughput_mb_s_rx")].value > 0 and box["sshd"]["port"] == 2222  # through the published port
     assert leftovers(workdir, run.id) == []
