@@ -100,8 +100,11 @@ def one_bridge_container_cell(tmp_path, workdir, matrix: str, suite: str, timeou
     return store, run, box
 
 
+# No podman-build: nested, it was 71 of the cell's 175 s alone (403 s beside the other worker) for
+# the same nested store, network and base image that container-start and git-clone's container
+# place use here; test_apps_lab builds on the guest's podman, step by step.
 BRIDGE_SUITE = """
-workloads = ["http", "podman-build", "container-start", "git-clone", "scp"]
+workloads = ["http", "container-start", "git-clone", "scp"]
 repetitions = 1
 warmup = 0
 [suite.params.http]
@@ -110,11 +113,6 @@ connections = [10]
 [suite.params.scp]
 size_mib = 8
 directions = ["rx"]
-[suite.params.podman-build]
-files = 60
-file_kib = 16
-commits = 2
-network = ["default"]
 # one network each (the nested podman's own bridge): the other rows (runc, none, host) are the same
 # flags nested or not, and test_apps_lab measures them on the guest's podman
 [suite.params.container-start]
@@ -157,7 +155,7 @@ def test_a_bridge_container_in_a_tuned_vm_gets_the_tcp_sysctls_its_namespace_may
 @pytest.mark.timeout(1800)
 def test_workloads_that_start_containers_run_inside_a_bridge_container_cell(bridge_cell):
     """Nested podman: the cell's container on podman's bridge network, privileged, with a store of its
-    own; podman-build, container-start and git-clone's container place start their containers
+    own; container-start and git-clone's container place start their containers
     inside it (on its own bridge network too), from the guest's base image seen read-only; scp
     copies to the container's own sshd through its published port."""
     workdir, store, run, box = bridge_cell
@@ -170,8 +168,6 @@ def test_workloads_that_start_containers_run_inside_a_bridge_container_cell(brid
     }
     got = {(s.workload, s.metric): s for s in store.samples(run.id)}
     assert {s.labels.get("container") for s in got.values()} == {box["id"][:12]}  # all measured inside it
-    for step in ("from", "packages", "clone", "make", "build"):
-        assert got[("podman-build", f"{step}_seconds_podman-default")].value > 0
     assert got[("container-start", "start_ms_crun-default-persistent")].value > 0
     assert got[("git-clone", "clone_mb_s_default")].value > 0
     assert got[("scp", "throughput_mb_s_rx")].value > 0 and box["sshd"]["port"] == 2222  # through the published port
