@@ -78,7 +78,12 @@ NOT_HERE = {
 # under its name.
 SSHD_PORT = 2222
 SSHD_BINDS = ("/etc/ssh", "/root/.ssh")
-SSHD_START = "mkdir -p /run/sshd && /usr/sbin/sshd -t -p {port} && /usr/sbin/sshd -p {port} && cat /run/sshd.pid"
+# sshd daemonizes: its parent exits before the child writes the pid file, so the file is waited for
+# (up to 30 s; a make test run under load read it too early once)
+SSHD_START = (
+    "mkdir -p /run/sshd && /usr/sbin/sshd -t -p {port} && /usr/sbin/sshd -p {port} && "
+    "i=0; while [ ! -s /run/sshd.pid ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done; cat /run/sshd.pid"
+)
 # In the container: the machine's privilege-separation user ({user}: its passwd line, shell-quoted)
 # added to the base image's /etc/passwd, which has none.
 SSHD_ADD_USER = "grep -q '^sshd:' /etc/passwd || echo {user} >> /etc/passwd"
