@@ -45,9 +45,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lab import osfacts, proc, tuning
-from lab.errors import LabError
+from lab.errors import LabError, TimeoutError_
 from lab.guest import Machine, SshLogin
 from lab.model import MADE_BY_HOST, Isolation, Runtime
+from lab.wait import wait_until
 
 BASE_IMAGE = "localhost/lab-base:latest"  # lab.images.DEBIAN12.container.name (a test keeps them equal)
 # Where a guest keeps the base image's tarball: a runtime whose store lacks BASE_IMAGE (docker's:
@@ -78,12 +79,11 @@ NOT_HERE = {
 # under its name.
 SSHD_PORT = 2222
 SSHD_BINDS = ("/etc/ssh", "/root/.ssh")
-# sshd daemonizes: its parent exits before the child writes the pid file, so the file is waited for
-# (up to 30 s; a make test run under load read it too early once)
-SSHD_START = (
-    "mkdir -p /run/sshd && /usr/sbin/sshd -t -p {port} && /usr/sbin/sshd -p {port} && "
-    "i=0; while [ ! -s /run/sshd.pid ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done; cat /run/sshd.pid"
-)
+# sshd daemonizes: its parent exits before the daemon writes its pid file (after binding its port),
+# so the file is waited for (read too early once, under load in make test)
+SSHD_START = "mkdir -p /run/sshd && /usr/sbin/sshd -t -p {port} && /usr/sbin/sshd -p {port}"
+SSHD_PID = "cat /run/sshd.pid 2>/dev/null"
+SSHD_PID_TIMEOUT_S = 30
 # In the container: the machine's privilege-separation user ({user}: its passwd line, shell-quoted)
 # added to the base image's /etc/passwd, which has none.
 SSHD_ADD_USER = "grep -q '^sshd:' /etc/passwd || echo {user} >> /etc/passwd"
@@ -526,10 +526,20 @@ def _sshd_inside(guest: ContainerGuest, machine: Machine) -> dict[str, Any]:
     if user:
         guest.run(SSHD_ADD_USER.format(user=shlex.quote(user)), timeout=30)
     res = guest.run(SSHD_START.format(port=SSHD_PORT), timeout=60, check=False)
-    pid = res.stdout.strip().splitlines()[-1:] if res.returncode == 0 else []
-    if not pid or not pid[0].isdigit():
+    if res.returncode != 0:
         raise LabError(f"container {guest.name}: its sshd did not start: {(res.stderr or res.stdout).strip()[-300:]}")
-    return {"port": SSHD_PORT, "pid": int(pid[0]), "host_keys": "the machine's"}
+
+    def pid() -> int | None:
+        out = guest.run(SSHD_PID, timeout=30, check=False).stdout.strip()
+        return int(out) if out.isdigit() else None
+
+    try:
+        started = wait_until(
+            pid, timeout=SSHD_PID_TIMEOUT_S, what=f"container {guest.name}'s sshd pid file", interval=0.2
+        )
+    except TimeoutError_ as exc:
+        raise LabError(f"container {guest.name}: its sshd did not start: {exc.message}") from None
+    return {"port": SSHD_PORT, "pid": started, "host_keys": "the machine's"}
 
 
 def _nested_inside(guest: ContainerGuest) -> dict[str, Any]:

@@ -322,7 +322,8 @@ def test_a_container_for_scp_runs_an_sshd_of_its_own():
     place = isolation.enter(Isolation.CONTAINER, machine, name="c1", os_name="debian", sshd=True)
     assert place.facts["sshd"] == {"port": 2222, "pid": 4343, "host_keys": "the machine's"}
     assert "mkdir -p /run/sshd && /usr/sbin/sshd -t -p 2222 && /usr/sbin/sshd -p 2222" in " ".join(machine.inside)
-    assert machine.inside[-2] == (  # the base image has no privilege-separation user: the machine's
+    assert machine.inside[-1] == "cat /run/sshd.pid 2>/dev/null"  # read once it is started (it daemonizes)
+    assert machine.inside[-3] == (  # the base image has no privilege-separation user: the machine's
         "grep -q '^sshd:' /etc/passwd || echo sshd:x:100:65534::/run/sshd:/usr/sbin/nologin >> /etc/passwd"
     )
     assert place.guest.ssh_login() == SshLogin("10.0.0.2", 2222, "root", None, host_key_alias="10.0.0.2")

@@ -178,7 +178,7 @@ class FakeGuest:
     def _answer(self, command: str) -> str:
         if command == "grep '^sshd:' /etc/passwd":
             return "sshd:x:100:65534::/run/sshd:/usr/sbin/nologin\n"
-        if command.startswith("mkdir -p /run/sshd && ") and self.within:  # a container's sshd: its pid
+        if command == "cat /run/sshd.pid 2>/dev/null" and self.within:  # a container's sshd, once started
             return "4343\n"
         if command.startswith("unshare --net "):  # a Debian 12 guest's new namespace: tcp_* its own, not core.*mem
             paths = shlex.split(command)[6:]
