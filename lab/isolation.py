@@ -17,15 +17,16 @@ podman-build, container-start, git-clone's container places) run inside a podman
 with nested podman (run_argv's `nested`, made only when the cell's suite has one): the container is
 privileged, has a store of its own, and sees the machine's images read-only.
 
-The container is the lab's base image (localhost/lab-base: imported into root's podman store when
-the golden image is built, into docker's from BASE_TARBALL when a docker cell first needs it;
-nothing is pulled) with the machine's /usr, nginx configuration and site bound
+The container is the lab's base image (localhost/lab-base: imported into root's podman and docker
+stores when the golden image is built; on a machine whose docker store lacks it, from BASE_TARBALL
+when a docker cell first needs it; nothing is pulled) with the machine's /usr, nginx configuration and site bound
 read-only. The suite thus runs the very binaries the VM cell runs, and what differs between the
 two cells is the isolation, not the build of the tools. The machine's own nginx is stopped and
 the container's serves the http workloads on the same address (network "host": the machine's
 stack; "bridge": the runtime's own namespace behind NAT, ports 80 and 443 published, and the
 cell's tuned net.* sysctls that a namespace may set given at `run`: bridge_sysctls). The golden
-image has no docker yet (images/README.md): its docker cells are n/a with the reason.
+image has docker beside podman (socket-activated: its daemon starts with the first docker cell's
+tune stage, not at boot); a machine without it makes its docker cells n/a with the reason.
 
 CPU busy %: a container shares its machine's kernel, so /proc/stat read inside it is the guest's:
 the busy % counts everything the guest ran, the container included, as in the VM cell. The CPU
@@ -51,9 +52,8 @@ from lab.model import MADE_BY_HOST, Isolation, Runtime
 from lab.wait import wait_until
 
 BASE_IMAGE = "localhost/lab-base:latest"  # lab.images.DEBIAN12.container.name (a test keeps them equal)
-# Where a guest keeps the base image's tarball: a runtime whose store lacks BASE_IMAGE (docker's:
-# importing it at image build costs every build ~90 s under TCG) imports it from there. The debian12
-# image keeps none yet, because it has no docker yet (images/README.md).
+# Where a guest may keep the base image's tarball: a runtime whose store lacks BASE_IMAGE imports it
+# from there. The debian12 image keeps none: both of its stores are seeded at the rootfs build.
 BASE_TARBALL = "/var/lib/lab/lab-base.tar.zst"
 IMPORT_TIMEOUT_S = 900  # ~60 s under TCG for the 160 MB image
 # The machine's directories the container sees (read-only), when the machine has them: the tools
@@ -172,9 +172,9 @@ class RuntimeFacts:
     command: str  # the CLI
     marker: str  # the file the runtime puts in every container it runs, never on the machine
     remove: tuple[str, ...]  # `rm` options that stop and remove at once
-    # `run` options that put both runtimes on the same footing. The golden image's kernel has
-    # AppArmor on but no apparmor_parser: podman then runs its containers unconfined, while docker
-    # refuses to start one unless told to do the same.
+    # `run` options that put both runtimes on the same footing. The golden image boots with
+    # apparmor=0 (both unconfined); on a machine with AppArmor on and no apparmor_parser, podman
+    # runs its containers unconfined, while docker refuses to start one unless told to do the same.
     run: tuple[str, ...]
     # the `run` options that keep the container in the caller's cgroup (the bare-metal cell's), or
     # why this runtime cannot (its daemon, not the caller, makes the container)

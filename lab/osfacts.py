@@ -60,6 +60,7 @@ TOOLS: dict[str, Tool] = {
     "curl": Tool(_on("curl")),
     "podman": Tool(_on("podman", ("debian", "alpine", "freebsd"), freebsd="podman-suite")),
     "hyperfine": Tool(_on("hyperfine", ("debian",))),  # container-start's timer
+    "docker": Tool(_on("docker.io", ("debian",))),  # the other container engine (podman-build, runtime)
     "ping": Tool(_on("iputils-ping", ("debian", "bare-metal"))),  # the BSDs' and Alpine's are in their base
     "openssl": Tool(_on("openssl", ("alpine",))),  # the others' base systems have it
     "agent": Tool(_on("qemu-guest-agent", ("alpine", "freebsd"))),  # debian12's recipe lists its own

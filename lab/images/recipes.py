@@ -164,6 +164,9 @@ DEBIAN12 = Recipe(
         "iptables",
         osfacts.package("debian", "hyperfine"),
         "time",
+        # Docker beside Podman (the container build study: the same Containerfile on the same Debian):
+        # its daemon is socket-activated, not started at boot; its store is seeded at the rootfs build
+        osfacts.package("debian", "docker"),
         # firmware boot (Proxmox VE, bhyve UEFI, libvirt boot = "disk"): GRUB's BIOS and UEFI images,
         # installed onto the disk during provisioning; mkfs.fat for the EFI system partition
         "grub-pc-bin",
@@ -183,7 +186,11 @@ DEBIAN12 = Recipe(
     ),
     # quiet: the serial console stays readable (LAB-READY); fsck.mode=skip: clones are killed, the
     # ext4 journal is replayed at mount anyway; net.ifnames=0: the first NIC is eth0 on every model.
-    cmdline=f"console=ttyS0 root=LABEL={ROOT_LABEL} rootfstype=ext4 rw net.ifnames=0 fsck.mode=skip quiet",
+    # apparmor=0: both container engines run unconfined, on the same footing. With AppArmor on and
+    # no apparmor_parser, podman runs its containers unconfined but docker refuses its build
+    # containers; installing apparmor instead would confine podman's too (every podman figure
+    # measured so far would change meaning) and parse profiles at every boot (images/README.md).
+    cmdline=f"console=ttyS0 root=LABEL={ROOT_LABEL} rootfstype=ext4 rw net.ifnames=0 fsck.mode=skip quiet apparmor=0",
     disk_mib=4096,
     hostname="lab-debian12",
     packer_template="debian12.pkr.hcl",

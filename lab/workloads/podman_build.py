@@ -12,7 +12,7 @@ and `commit` (the final commit and tag) and `build` (the whole build).
 
 `network` lists "default" (the engine's default for RUN steps) and "host" (--network=host); `engines`
 lists "podman" and "docker": an engine the guest lacks gives an `na_<tag>` row (value 1) instead of
-timings (the Debian image has no Docker). Docker runs its legacy builder (DOCKER_BUILDKIT=0), whose
+timings (the Debian image has both). Docker runs its legacy builder (DOCKER_BUILDKIT=0), whose
 "Step k/N :" lines time the same way as podman's "STEP k/N:".
 
 Every output line is stamped in the guest as it arrives (bash's $EPOCHREALTIME, no process per
@@ -192,9 +192,10 @@ class PodmanBuild(Workload):
         return p
 
     def estimate_seconds(self, p: dict[str, Any]) -> float:
-        """For `lab plan`: ~90 s of podman and dpkg under TCG plus the clone and make at ~3 MB/s."""
+        """For `lab plan`: ~90 s of the engine and dpkg under TCG plus the clone and make at ~3 MB/s,
+        per engine and network."""
         mb = p["files"] * p["file_kib"] / 1024
-        return len(p["network"]) * (90 + mb / 3)  # docker: usually absent (n/a)
+        return len(p["engines"]) * len(p["network"]) * (90 + mb / 3)
 
     def plan(self, ctx: WorkloadContext) -> list[tuple[str, str, str]]:
         p = self.params(ctx)

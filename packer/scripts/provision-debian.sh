@@ -59,11 +59,25 @@ else
     up "podman import"
     zstd -dc /run/lab-base.tar.zst | podman import --quiet --change 'CMD ["/bin/sh"]' - "$base_image" >/dev/null
 fi
+# Docker: its daemon (and containerd) start on the first use of its socket, not at every boot;
+# its store has the base image since the rootfs build (an installer-built disk imports it here).
+if command -v docker >/dev/null; then
+    systemctl disable docker.service containerd.service >/dev/null 2>&1
+    systemctl enable docker.socket >/dev/null 2>&1
+    if ! docker image inspect "$base_image" >/dev/null 2>&1; then
+        up "docker import"
+        zstd -dc /run/lab-base.tar.zst | docker import --change 'CMD ["/bin/sh"]' - "$base_image" >/dev/null
+    fi
+fi
 rm -f /run/lab-base.tar.zst
 up "container checks"
 podman run --rm --network=none "$base_image" sh -c 'git --version && ls /var/cache/lab-debs/*.deb' >/dev/null
 podman run --rm --runtime=runc --network=host "$base_image" true
 podman run --rm "$base_image" true  # the default bridge network: netavark + iptables work
+if command -v docker >/dev/null; then  # AppArmor settled (apparmor=0): docker starts its containers
+    docker run --rm --network=none "$base_image" true
+    systemctl stop docker.service docker.socket containerd.service
+fi
 up "containers done"
 
 # --- bootloader: GRUB for BIOS (SeaBIOS, PVE's default) and UEFI (OVMF, bhyve) -------------------
@@ -131,6 +145,8 @@ kernels_json=$(for k in $kernels; do printf '"%s",' "$k"; done | sed 's/,$//')
     printf '    "conmon": "%s",\n' "$(first conmon --version)"
     printf '    "netavark": "%s",\n' "$(first /usr/lib/podman/netavark --version)"
     printf '    "hyperfine": "%s",\n' "$(first hyperfine --version)"
+    printf '    "docker": "%s",\n' "$(first docker --version)"
+    printf '    "containerd": "%s",\n' "$(first containerd --version)"
     printf '    "openssh": "%s",\n' "$(first ssh -V)"
     printf '    "grub": "%s",\n' "$(first grub-install --version)"
     printf '    "qemu-ga": "%s"\n' "$(first qemu-ga --version)"
@@ -148,6 +164,7 @@ kernels_json=$(for k in $kernels; do printf '"%s",' "$k"; done | sed 's/,$//')
     printf '    "crun": "%s",\n' "$(pkgver crun)"
     printf '    "runc": "%s",\n' "$(pkgver runc)"
     printf '    "hyperfine": "%s",\n' "$(pkgver hyperfine)"
+    printf '    "docker.io": "%s",\n' "$(pkgver docker.io)"
     printf '    "qemu-guest-agent": "%s",\n' "$(pkgver qemu-guest-agent)"
     printf '    "grub-efi-amd64-bin": "%s",\n' "$(pkgver grub-efi-amd64-bin)"
     printf '    "systemd": "%s"\n' "$(pkgver systemd)"

@@ -73,7 +73,7 @@ def test_docker_argv_differs_from_podman_only_where_the_clis_do():
     docker = Runtime.DOCKER
     argv = isolation.run_argv("n", "bridge", ["/usr"], {"lab.run": "r"}, runtime=docker)
     podman = isolation.run_argv("n", "bridge", ["/usr"], {"lab.run": "r"})
-    # unconfined like podman's (no apparmor_parser in the image), else the same options
+    # unconfined like podman's (where AppArmor is on without apparmor_parser), else the same options
     assert argv == ["docker", *podman[1:6], "--security-opt", "apparmor=unconfined", *podman[6:]]
     assert isolation.exec_argv("n", "true", stdin=True, runtime=docker) == [
         "docker",

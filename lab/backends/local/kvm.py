@@ -103,7 +103,11 @@ def probe_kvm(image: ImageRef, workdir: Path, timeout: float = 15.0, cache: Path
     finally:
         stop_process(p)
         shutil.rmtree(probe_dir, ignore_errors=True)
-    statedir.ensure(cache.parent)
-    # whole: a parallel run reads the old verdict or the new one
-    statedir.write_text(cache, json.dumps({"key": key, "accel": verdict.value, "probed_at": time.time()}))
+    record(cache, key, verdict)
     return verdict
+
+
+def record(cache: Path, key: str, verdict: Accel) -> None:
+    """Write `verdict` for `key` to `cache` (a parallel run reads the old verdict or the new one)."""
+    statedir.ensure(cache.parent)
+    statedir.write_text(cache, json.dumps({"key": key, "accel": verdict.value, "probed_at": time.time()}))
