@@ -53,11 +53,12 @@ rm -rf "$root/var/cache/apt/archives/"*.deb "$root/var/lib/apt/lists/"* "$root/v
 # took ~110 s inside the TCG build VM. mmdebstrap --mode=root has /proc, /sys and /dev mounted in
 # the chroot; its root must be a mount point too (containers/storage untars layers in a chroot of
 # its own after making / private): a bind mount of it onto itself, in a mount namespace that ends
-# with the command. What podman leaves in /run (the guest's is a tmpfs) and the backing device node
+# with the command; the host's cgroups are bound there too (dockerd, below, needs them). What podman leaves in /run (the guest's is a tmpfs) and the backing device node
 # its overlay driver makes (of the build host's disk) do not go into the image.
 in_chroot() {
     # shellcheck disable=SC2016  # expanded by the inner sh
-    unshare --mount --propagation private sh -c 'mount --rbind "$0" "$0" && exec chroot "$0" "$@"' "$root" "$@"
+    unshare --mount --propagation private sh -c \
+        'mount --rbind "$0" "$0" && mount --rbind /sys/fs/cgroup "$0/sys/fs/cgroup" && exec chroot "$0" "$@"' "$root" "$@"
 }
 if [ -n "${LAB_CONTAINER_TARBALL:-}" ]; then
     : "${LAB_CONTAINER_IMAGE:?}"
@@ -67,14 +68,12 @@ if [ -n "${LAB_CONTAINER_TARBALL:-}" ]; then
     rm -rf "$root/run/containers" "$root/run/libpod" "$root/var/lib/containers/storage/overlay/backingFsBlockDev"
     # ... and into docker's (overlay2), by a dockerd of the rootfs run here for the import alone
     # (3 s natively; ~90 s in the TCG build VM): no bridge, no iptables, its own socket and pid file;
-    # it refuses to start without the host's cgroups (mmdebstrap's /sys has none mounted), bound
-    # in the same private mount namespace. What it leaves in /run goes; its network state goes too
+    # it refuses to start without the host's cgroups (mmdebstrap's /sys has none mounted: in_chroot
+    # binds them). What it leaves in /run goes; its network state goes too
     # (the guest's dockerd makes its own).
     if [ -x "$root/usr/sbin/dockerd" ]; then
         # shellcheck disable=SC2016  # expanded by the inner sh
-        zstd -dc "$LAB_CONTAINER_TARBALL" | unshare --mount --propagation private sh -c '
-            mount --rbind "$0" "$0" && mount --rbind /sys/fs/cgroup "$0/sys/fs/cgroup" && exec chroot "$0" "$@"
-        ' "$root" sh -c '
+        zstd -dc "$LAB_CONTAINER_TARBALL" | in_chroot sh -c '
             sock=unix:///run/lab-seed-docker.sock
             dockerd --host "$sock" --pidfile /run/lab-seed-dockerd.pid --bridge=none --iptables=false \
                 --ip6tables=false --ip-masq=false --storage-driver=overlay2 >/run/lab-seed-dockerd.log 2>&1 &
