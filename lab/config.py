@@ -12,21 +12,29 @@ from __future__ import annotations
 import json
 import os
 import tomllib
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
-from lab import backends, check, names, secrets
+from lab import backends, check, names, overrides, secrets
 from lab.backends import HostSettings
 from lab.errors import ConfigError
 from lab.labconfig import KNOWN_IMAGES, LabConfig, LabSection, MatrixSection, SuiteSection  # noqa: F401 - the records, as lab.config names them
 
-SECRET_KEYS = ("token", "password")
+SECRET_KEYS = secrets.KEYS
 
 
-def load(path: str | os.PathLike) -> LabConfig:
-    """Read and validate a lab.toml. Raises ConfigError (one line, exit 2) on any problem."""
+def load(path: str | os.PathLike, sets: Sequence[str] = ()) -> LabConfig:
+    """Read and validate a lab.toml, with `--set KEY=VALUE` overrides (lab.overrides) put in first.
+    Raises ConfigError (one line, exit 2) on any problem."""
+    return loaded(path, sets)[0]
+
+
+def loaded(path: str | os.PathLike, sets: Sequence[str] = ()) -> tuple[LabConfig, str]:
+    """The records of a lab.toml and the text a run stores as its lab: the file's own, or with
+    overrides the lab that ran, written out as TOML (lab.overrides.effective_text)."""
     path = Path(path)
     try:
         raw = path.read_bytes()
@@ -35,17 +43,28 @@ def load(path: str | os.PathLike) -> LabConfig:
     except OSError as exc:
         raise ConfigError(str(path), "(file)", None, f"cannot read: {exc.strerror}") from None
     try:
-        data = tomllib.loads(raw.decode("utf-8"))
+        text = raw.decode("utf-8")
+        data = tomllib.loads(text)
     except UnicodeDecodeError:
         raise ConfigError(str(path), "(file)", None, "is not UTF-8 text") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(str(path), "(syntax)", None, f"invalid TOML: {exc}") from None
     except RecursionError:
         raise ConfigError(str(path), "(syntax)", None, "nests arrays or tables too deeply") from None
+    given = [overrides.parse(s, str(path)) for s in sets]
+    if given:
+        data = overrides.apply(data, given, str(path))
+        text = overrides.effective_text(data, str(path), given)
     try:
-        return parse(data, str(path))
+        return parse(data, str(path)), text
     except RecursionError:  # a value nested deeper than any model has levels
         raise ConfigError(str(path), "(structure)", None, "nests arrays or tables too deeply") from None
+    except ConfigError as exc:
+        o = overrides.owner(exc.key, given)
+        if o is None:
+            raise
+        # the value came from the command line: say so, or the file would be searched for it
+        raise ConfigError(f"{path} (--set {o.key})", exc.key, exc.value, exc.problem, exc.hint) from None
 
 
 def parse(data: dict[str, Any], source: str = "lab.toml") -> LabConfig:

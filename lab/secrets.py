@@ -24,6 +24,7 @@ log = logging.getLogger(__name__)
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _referenced: set[str] = set()  # environment variables named by a reference: never passed on
 _warned: set[Path] = set()  # secret files already warned about in this process
+KEYS = ("token", "password")  # the settings that hold a secret's reference, never its value
 SECRET_LIMIT = 64 * 1024  # bytes read of a secret file: a token or password, not a disk
 
 

@@ -30,6 +30,14 @@ config_option = click.option(
     type=click.Path(dir_okay=False),
     help="the lab description",
 )
+set_option = click.option(
+    "--set",
+    "sets",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="change one lab.toml key for this command, in TOML: --set suite.repetitions=2 "
+    "--set 'matrix.nic=[\"virtio\"]' (repeatable; validated as the file is; a run stores the lab it ran)",
+)
 results_option = click.option(
     "--results",
     "results_dir",

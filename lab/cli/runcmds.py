@@ -40,6 +40,7 @@ from lab.cli.group import (
     require_host,
     restore_signal_handlers,
     results_option,
+    set_option,
 )
 from lab.cli.printing import duration, err, out, say, styled, table, warn
 from lab.cli.progress import PlainReporter, QuietReporter, RichReporter
@@ -60,6 +61,7 @@ def _axis_text(a: axes.Axis, c: plan.Unit) -> str:
 
 @cli.command("plan")
 @config_option
+@set_option
 @click.option(
     "--check",
     "check_hosts",
@@ -67,9 +69,9 @@ def _axis_text(a: axes.Axis, c: plan.Unit) -> str:
     help="also reach every host: credentials, privileges, images/templates (nothing is created)",
 )
 @click.option("--json", "as_json", is_flag=True, help="the plan as JSON (shape lab.plan/1)")
-def plan_cmd(config_path, check_hosts, as_json):
+def plan_cmd(config_path, sets, check_hosts, as_json):
     """Show the matrix cells, what will be created, and an estimate of time."""
-    cfg = config.load(config_path)
+    cfg = config.load(config_path, sets)
     for text in check.setting_warnings(cfg):
         warn("lab: warning: ", text)
     units = plan.units(cfg)
@@ -293,6 +295,7 @@ def _host_watch(cfg) -> dict[str, str]:
 
 @cli.command("run")
 @config_option
+@set_option
 @click.option("--run-id", default=None, help="use this run id (default: random)")
 @click.option(
     "--resume",
@@ -307,12 +310,11 @@ def _host_watch(cfg) -> dict[str, str]:
     help="for cron: no progress and no results table; only warnings, failed cells and regressions "
     "the run shows in its history (lab history), one line each",
 )
-def run_cmd(config_path, run_id, resume, quiet):
+def run_cmd(config_path, sets, run_id, resume, quiet):
     """Clone -> boot -> verify -> tune -> workloads -> destroy, cell by cell. Results are saved."""
-    cfg = config.load(config_path)
+    cfg, text = config.loaded(config_path, sets)
     for warning in check.setting_warnings(cfg):
         warn("lab: warning: ", warning)
-    text = Path(config_path).read_text()
     if run_id is not None and names.RUN_ID.problem(run_id):  # it names namespaces, VMs, lock files
         raise UsageError(f"--run-id {run_id!r}: {names.RUN_ID.problem(run_id)}")
     if run_id is not None and resume:

@@ -246,6 +246,9 @@ def tune_network(
     rec["cc"] = {"asked": cell.cc, "effective": cc.effective}
     if not cc.applicable:
         return None, cc.reason
+    sysctls = rec.get("effective") or {}
+    if facts.cc_key in sysctls and cc.effective:  # the knob comes after the profile (wan-16m sets bbr): its value holds
+        sysctls[facts.cc_key] = cc.effective
     dev = facts.device(cell.nic)
     off = tuning.apply_offloads(guest, facts, dev, tuning.parse_offloads(cell.offloads))
     rec["offloads"] = {"asked": cell.offloads, "effective": off.effective}

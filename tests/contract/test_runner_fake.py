@@ -126,6 +126,16 @@ def test_duplicates_known_at_plan_time_are_not_booted(fake_lab):
     assert events("clone") == [f"lab-{rid}-c01"]
 
 
+def test_the_cc_knob_after_a_profile_that_sets_another_is_what_the_cell_records(fake_lab):
+    # wan-16m sets bbr; cc = "cubic" is applied after it: the facts say cubic, in both places
+    fake_lab.write(matrix='tuning = ["wan-16m"]\ncc = ["cubic"]')
+    cfg, store, rid = run(fake_lab)
+    t = cell(store, rid, "c01").facts["tuning"]
+    assert t["cc"] == {"asked": "cubic", "effective": "cubic"}
+    assert t["effective"]["net.ipv4.tcp_congestion_control"] == "cubic"
+    assert t["effective"]["net.core.rmem_max"] == "16777216"  # the profile's other values stand
+
+
 def test_duplicates_found_by_read_back_stop_before_the_workloads(fake_lab):
     # the NIC comes with LRO off: lro=off changes nothing, which only the read-back shows
     fake_lab.write(matrix='offloads = ["default", "lro=off"]', host='lro = "off"')

@@ -160,10 +160,10 @@ def test_sigterm_while_lab_toml_is_read_ends_in_one_line(tmp_path):
         import sys, time
         from lab import config
         load = config.load
-        def slow(path):
+        def slow(path, *sets):
             print("loading", flush=True)
             time.sleep(30)
-            return load(path)
+            return load(path, *sets)
         config.load = slow
         from lab.cli import main
         main(sys.argv[1:])
@@ -252,7 +252,7 @@ def test_library_warnings_are_one_line_each(fake_lab, monkeypatch):
         logging.getLogger("lab.somewhere").warning("first line\nsecond line")
         return []
 
-    monkeypatch.setattr(group.config, "load", lambda p: (noisy(p), config.parse({}, p))[1])
+    monkeypatch.setattr(group.config, "load", lambda p, *sets: (noisy(p), config.parse({}, p))[1])
     res = lab_cli("plan", cwd=fake_lab.dir)
     assert [ln for ln in res.stderr.splitlines() if "warning" in ln] == ["lab: warning: first line"]
 

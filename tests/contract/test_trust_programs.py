@@ -146,7 +146,7 @@ def test_every_error_warning_log_and_stored_json_hides_the_password(tmp_path, fa
     # a warning from the library, and the last guard's line and log
     from lab.cli import group
 
-    def noisy(path):
+    def noisy(path, *sets):
         logging.getLogger("lab.somewhere").warning("tried https://lab:hunter2@pve1:8006")
         raise RuntimeError("boom at https://lab:hunter2@pve1:8006")
 

@@ -142,6 +142,17 @@ def test_docker_legacy_builder_output_times_the_same_steps():
     assert r["commit_seconds"] == pytest.approx(1795434003.950687 - 1795434003.401220)
 
 
+def test_docker_build_captured_on_the_golden_image_times_each_step_between_its_stamps():
+    # docker.io 20.10.24's legacy builder in the debian12 guest, --network=host (study-build, small)
+    r = podman_build.parse_build_output(read("podman/docker-20.10.24-legacy-build-host-stamped.txt"))
+    assert r["rc"] == 0 and r["from_seconds"] == pytest.approx(1796388763.644000 - 1796388763.619705)
+    assert r["clone_seconds"] == pytest.approx(1796388819.239980 - 1796388811.765221)
+    assert r["make_seconds"] == pytest.approx(1796388825.299195 - 1796388819.239980)
+    assert r["extra_seconds"] == pytest.approx(1796388837.083790 - 1796388832.416235)  # to "Successfully built"
+    assert r["commit_seconds"] == pytest.approx(1796388837.178207 - 1796388837.083790)
+    assert r["build_seconds"] == pytest.approx(1796388837.178207 - 1796388761.364549)
+
+
 def test_freebsd_build_with_whole_second_stamps():
     r = podman_build.parse_build_output(read("podman/freebsd-constructed-podman-build-stamped.txt"))
     assert r["clone_seconds"] == 1795434582 - 1795430021  # the study's crawl: 76 min
@@ -270,6 +281,7 @@ def test_container_start_parse_rows():
     m = by_metric(container_start.CONTAINER_START.parse(raw))
     assert m["start_ms_runc-default-persistent"].value == pytest.approx(8786.485005)
     assert m["start_ms_crun-host-persistent"].labels == {
+        "engine": "podman",
         "runtime": "crun",
         "runtime_version": "crun version 1.8.1",
         "network": "host",
@@ -326,3 +338,38 @@ def test_curl_empty_downloads_measure_no_rate():
 def test_bulk_http_from_nginx_in_the_guest():
     r = bulk_http.parse_curl_json(read("curl/linux-7.88.1-json-2x64m-nginx.txt"))
     assert r["transfers"] == 2 and r["bytes"] == 2 * 67108864 and r["connects"] == 1  # kept alive
+
+
+def test_container_start_parse_a_docker_row_and_its_na_row():
+    # docker's rows end in `docker` where podman's name their store; engine and runtime labelled
+    raw = RawOutput(
+        "container-start",
+        "",
+        toolkit.join_segments([("runc-none-docker", 0, read("hyperfine/linux-1.15.0-true-1run.json"))]),
+        extra={
+            "cpu_before.runc-none-docker": "cpu  0 0 0 100",
+            "cpu_after.runc-none-docker": "cpu  30 0 10 160",
+            "na.crun-none-docker": "docker has no OCI runtime 'crun' registered (its daemon.json `runtimes`)",
+        },
+    )
+    m = by_metric(container_start.CONTAINER_START.parse(raw))
+    row = m["start_ms_runc-none-docker"]
+    assert row.value == pytest.approx(3.545035)
+    assert (row.labels["engine"], row.labels["runtime"], row.labels["network"]) == ("docker", "runc", "none")
+    na = m["na_crun-none-docker"].labels
+    assert (na["engine"], na["runtime"]) == ("docker", "crun") and "daemon.json" in na["na"]
+
+
+def test_container_start_tags_and_docker_runtimes():
+    assert container_start.split_tag("crun-host-persistent") == ("podman", "crun", "host", "persistent")
+    assert container_start.split_tag("runc-default-docker") == ("docker", "runc", "default", "docker")
+    with pytest.raises(LabError, match="not a combination tag"):
+        container_start.split_tag("crun-host")
+    # captured: `docker info --format '{{json .Runtimes}}'` of the golden image's docker 20.10 (crun registered)
+    assert container_start.parse_docker_runtimes(read("docker/debian12-20.10.24-runtimes.json")) == [
+        "crun",
+        "io.containerd.runc.v2",
+        "io.containerd.runtime.v1.linux",
+        "runc",
+    ]
+    assert container_start.parse_docker_runtimes("Cannot connect to the Docker daemon") == []

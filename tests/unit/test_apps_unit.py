@@ -311,8 +311,39 @@ def test_container_start_commands_cover_every_combination():
     )
 
 
+def test_container_start_docker_rows_start_from_dockers_store():
+    params = {"runs": 1, "warmup": 0, "engines": ["podman", "docker"]}
+    cmds = dict(container_start.CONTAINER_START.commands(ctx(params)))
+    assert len(cmds) == 2 * 3 * 2 + 2 * 3  # podman: runtime x network x store; docker: its one store
+    assert "'docker run --rm --runtime=crun --network=none localhost/lab-base:latest true'" in cmds["crun-none-docker"]
+    assert "'docker run --rm --runtime=runc localhost/lab-base:latest true'" in cmds["runc-default-docker"]
+    assert "crun-host-persistent" in cmds  # podman's tags are the ones they always were
+
+
+def test_container_start_says_why_docker_cannot_start_a_combination():
+    ok = {"version": "20.10.24+dfsg1", "runtimes": ["crun", "runc"], "image": True}
+    assert container_start.docker_na(ok, "crun") == ""
+    assert "no OCI runtime 'ocijail'" in container_start.docker_na(ok, "ocijail")
+    assert "has no localhost/lab-base" in container_start.docker_na({**ok, "image": False}, "runc")
+    missing = {"missing": "docker is not installed in the guest"}
+    assert container_start.docker_na(missing, "runc") == "docker is not installed in the guest"
+    # a container cell's container has the machine's docker CLI, not its daemon's socket
+    inside = ScriptedGuest([("command -v", "/usr/bin/docker\n", 0), ("test -S", "", 1)])
+    assert container_start.probe_docker(ctx({}, guest=inside)) == {
+        "missing": "docker has no daemon socket here (/var/run/docker.sock)"
+    }
+
+
 @pytest.mark.parametrize(
-    "params", [{"network": ["bridge"]}, {"store": ["tmpfs"]}, {"runtime": ["kata"]}, {"runs": 0}, {"warmup": -1}]
+    "params",
+    [
+        {"network": ["bridge"]},
+        {"store": ["tmpfs"]},
+        {"runtime": ["kata"]},
+        {"engines": ["lxc"]},
+        {"runs": 0},
+        {"warmup": -1},
+    ],
 )
 def test_container_start_bad_params(params):
     with pytest.raises(UsageError, match="container-start"):

@@ -82,6 +82,20 @@ CASES = [
     ("run-secret-file-fifo", ["run"], "is a FIFO (named pipe)", "pve-file-fifo"),
     ("snapshot-secret-file-fifo", ["snapshot", "pve1"], "is a FIFO (named pipe)", "pve-file-fifo"),
     ("run-secret-file-unknown-user", ["run"], "~nosuchuser-lab/t", "pve-file-unknown-user"),
+    # --set: the override named, its value checked as the file's would be, before anything is made
+    ("run-set-not-toml", ["run", "--set", "matrix.start=warm"], "--set matrix.start = 'warm'", "local"),
+    ("run-set-bad-value", ["run", "--set", 'matrix.nic=["rtl9999"]'], "(--set matrix.nic): matrix.nic", "local"),
+    ("plan-set-no-equals", ["plan", "--set", "suite.repetitions"], "expected KEY=VALUE", "local"),
+    ("run-set-unknown-key", ["run", "--set", "suite.repetitons=2"], "(--set suite.repetitons)", "local"),
+    ("run-set-not-a-table", ["run", "--set", "lab.results.x=1"], "lab.results is not a table", "local"),
+    ("run-set-makes-a-table", ["run", "--set", "lab.name.x=1"], "(--set lab.name.x): lab.name", "local"),
+    # a literal secret given on the command line is refused and never echoed (the check: no "dead-beef")
+    (
+        "run-set-literal-token",
+        ["run", "--set", 'hosts.pve1.token="lab@pve!t=00000000-dead-beef-0000-000000000000"'],
+        "hosts.pve1.token",
+        "pve-env",
+    ),
 ]
 
 

@@ -138,6 +138,7 @@ PARTS = {
     ],
     "config": [
         "lab.config",
+        "lab.overrides",
         "lab.labconfig",
         "lab.plan",
         "lab.check",

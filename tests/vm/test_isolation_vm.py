@@ -1,57 +1,69 @@
-"""The isolation axis on a real guest: a short `lab run` on the local backend with isolation =
-["vm", "container"] and runtime = ["podman", "docker"]. The podman cell's workloads ran inside a
-Podman container in the guest (the wrapper's facts: podman's own id and state, its marker file seen
-by a command sent through it, every sample labelled with that container), nginx served the http
-load from inside it; the docker cell did the same in a Docker container (the golden image has both
-engines; docker's daemon starts on the cell's first use of its socket); and nothing is left: the
-containers removed before their VMs, the VMs, their namespace and files gone."""
+"""The isolation axis on a real guest. First the web-serving study's lab (examples/study-web.toml) run
+small here: its local cells, with runtime = ["podman", "docker"] and scp added, beside its bare-metal
+cell. The podman cell's workloads ran inside a Podman container in the guest (the wrapper's facts:
+podman's own id and state, its marker file seen by a command sent through it, every sample labelled
+with that container), nginx served the http load from inside it; the docker cell did the same in a
+Docker container (the golden image has both engines; docker's daemon starts on the cell's first use
+of its socket); the study's `lab compare --baseline` puts each against bare metal; and nothing is
+left: the containers removed before their VMs, the VMs, their namespace and files gone."""
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import pytest
 from fakes.guest import WAN_16M_IN_A_NETNS
 from support.cli import run_lab_cli
-from support.local import leftovers, write_lab
+from support.local import leftovers, local_table, write_lab
 
 from lab.store import Store
 
 pytestmark = [pytest.mark.vm, pytest.mark.image]
 
+STUDY = Path(__file__).parents[2] / "examples" / "study-web.toml"
 # One repetition: three cells (the VM, podman's container, docker's) and what each is asserted on
 # needs no second one; the docker cell's daemon start (~15 s under TCG alone) is paid in its tune stage.
-SUITE = """
-workloads = ["sysbench-cpu", "http", "scp"]
-repetitions = 1
-warmup = 0
-[suite.params.scp]
-size_mib = 8
-[suite.params.sysbench-cpu]
-time = 2
-threads = [1]
-[suite.params.http]
-duration = 2
-connections = [10]
-"""
+# warm: the three cells' machines are restores of one snapshot (one boot, not three); the
+# containers are made in the restored guest as in a cold one (the bridge cell below boots cold)
+STUDY_SMALL = [
+    'matrix.host=["local"]',  # pve1 and bsd1 are the study's other hypervisors, not here
+    "matrix.exclude=[]",
+    'matrix.runtime=["podman", "docker"]',
+    'matrix.start=["warm"]',
+    'suite.workloads=["sysbench-cpu", "http", "scp"]',
+    "suite.repetitions=1",
+    "suite.warmup=0",
+    "suite.params.scp.size_mib=8",
+    "suite.params.sysbench-cpu.time=2",
+    "suite.params.sysbench-cpu.threads=[1]",
+    "suite.params.http.duration=2",
+    "suite.params.http.connections=[10]",
+]
 
 
 # Not serial: nothing here compares throughput, so other VMs beside it skew nothing it asserts.
 @pytest.mark.timeout(1800)
-def test_vm_and_container_in_vm(golden, workdir, tmp_path):
-    # warm: the three cells' machines are restores of one snapshot (one boot, not three); the
-    # containers are made in the restored guest as in a cold one (the bridge cell below boots cold)
-    matrix = 'isolation = ["vm", "container"]\nruntime = ["podman", "docker"]\nstart = ["warm"]\n'
-    cfg = write_lab(tmp_path, workdir, matrix=matrix, suite=SUITE)
-    res = run_lab_cli("run", "-c", str(cfg), timeout=1700)
+def test_study_web_small_vm_and_container_in_vm(golden, workdir, tmp_path):
+    cfg = tmp_path / "study-web.toml"
+    cfg.write_text(STUDY.read_text() + "\n" + local_table(workdir))
+    sets = [a for s in STUDY_SMALL for a in ("--set", s)]
+    res = run_lab_cli("run", "-c", str(cfg), *sets, cwd=tmp_path, timeout=1700)
     assert res.returncode == 0, res.stderr[-3000:]
     store = Store(tmp_path / "results")
     (run,) = store.runs()
     cells = {c.cell_id: c for c in store.cells(run.id)}
     # c02 would be the VM cell of runtime docker: a VM cell has no runtime, so it is not a cell
-    assert {k: c.status for k, c in cells.items()} == {"c01": "done", "c03": "done", "c04": "done"}, {
-        k: c.error for k, c in cells.items()
-    }
+    # the study's container on bare metal: podman's needs podman on this host, docker's cannot be the cell's
+    assert {k: c.status for k, c in cells.items()} == {
+        **{"bm01": "done", "bm02": "n/a", "bm03": "n/a"},
+        **{"c01": "done", "c03": "done", "c04": "done"},
+    }, {k: c.error for k, c in cells.items()}
+    assert "podman is not installed on this host" in cells["bm02"].error
+    assert "outside the bare-metal cell's network namespace" in cells["bm03"].error
     assert "isolation" not in cells["c01"].facts
-    assert {c.facts["start"] for c in cells.values()} == {"warm"}, {k: c.facts.get("start") for k, c in cells.items()}
+    vms = {k: c for k, c in cells.items() if not k.startswith("bm")}
+    assert {c.facts["start"] for c in vms.values()} == {"warm"}, {k: c.facts.get("start") for k, c in vms.items()}
     box = cells["c03"].facts["isolation"]
     assert box["kind"] == "container" and box["runtime"] == "podman" and box["image"] == "localhost/lab-base:latest"
     assert box["state"] == "running" and box["pid"] > 0 and len(box["id"]) == 64 and box["network"] == "host"
@@ -85,9 +97,19 @@ def test_vm_and_container_in_vm(golden, workdir, tmp_path):
     # scp's load in the container cell: an sshd of the container's own (the machine's keys), not the guest's
     assert box["sshd"]["port"] == 2222 and box["sshd"]["pid"] > 0
     for a, b in (("isolation=vm", "isolation=container"), ("runtime=podman", "runtime=docker")):
-        cmp = run_lab_cli("compare", run.id, "--a", a, "--b", b, "-c", str(cfg))
+        cmp = run_lab_cli("compare", run.id, "--a", a, "--b", b, "-c", str(cfg), cwd=tmp_path)
         assert cmp.returncode == 0, cmp.stderr
         assert "events_per_s_1t" in cmp.stdout and "requests_per_s_c10" in cmp.stdout
+    # the study's first question: each layer against bare metal (the same loads on this machine)
+    base = run_lab_cli("compare", run.id, "--baseline", "--json", "-c", str(cfg), cwd=tmp_path)
+    assert base.returncode == 0, base.stderr
+    rows = json.loads(base.stdout)["rows"]
+    against = {(r["cell"], r["key"][2]) for r in rows}  # the cell's label, the metric
+    assert {(cells[c].label, "requests_per_s_c10") for c in ("c01", "c03", "c04")} <= against, sorted(against)
+    assert {r["baseline"] for r in rows} == {"local/bare-metal"}
+    for r in rows:  # the figures, for the record (-s)
+        if r["key"][2] in ("requests_per_s_c10", "events_per_s_1t"):
+            print(r["cell"], r["key"][2], r["change_pct"], r["verdict"])
     assert leftovers(workdir, run.id) == []
 
 
