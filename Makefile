@@ -17,7 +17,7 @@ APT_PACKAGES := qemu-system-x86 qemu-utils mmdebstrap packer e2fsprogs iproute2 
 	dnsmasq-base udhcpc fdisk dosfstools mtools ovmf genisoimage openssh-server vagrant vagrant-libvirt ruby \
 	pipx
 
-.PHONY: setup apt venv images run test test-fast bench chaos lint docs clean gc doctor packer-modern test-packer-modern
+.PHONY: setup apt venv images run test test-fast bench chaos lint docs clean gc doctor packer-modern test-packer-modern test-studies
 
 setup: apt venv
 
@@ -65,7 +65,7 @@ run: images
 # CPU in 237 s on two workers; four: 172 s), but beside the build the three together use both cores:
 # on four workers it took 252 s and slowed the build from 233 to 306 s (fresh clone, 2026-12-03),
 # so it stays on two here. The build's output is printed once it ends.
-FAST := not vm and not image and not root and not serial and not packer_modern and not browser
+FAST := not vm and not image and not root and not serial and not packer_modern and not browser and not study
 test: setup
 	@set -e; log=$$(mktemp); trap 'rm -f "$$log"' EXIT; \
 	$(MAKE) --no-print-directory images >"$$log" 2>&1 & build=$$!; \
@@ -74,7 +74,7 @@ test: setup
 	image=0; wait $$build || image=$$?; cat "$$log"; \
 	if [ $$image != 0 ]; then echo "make images failed (exit $$image)"; exit $$image; fi; \
 	exit $$fast
-	$(PYTEST) -n 2 --dist loadgroup --no-loadscope-reorder -q -rsR --durations=25 --update-durations -m '(vm or image or root or browser) and not serial and not packer_modern'
+	$(PYTEST) -n 2 --dist loadgroup --no-loadscope-reorder -q -rsR --durations=25 --update-durations -m '(vm or image or root or browser) and not serial and not packer_modern and not study'
 	$(PYTEST) -n 0 -q -rsR --durations=10 --update-durations -m serial
 
 # Static checks; no VM, no image, no root: about 9 s with cold caches, 3 s warm, on 2 cores.
@@ -146,6 +146,11 @@ packer-modern: venv
 # debian12 image built by it into a directory of the test's own: 4.6 min here, 264 s of it the build.
 test-packer-modern: packer-modern
 	LAB_PACKER_MODERN=$(PACKER_MODERN) $(PYTEST) -n 0 -q -rs --durations=0 -m packer_modern
+
+# The studies' labs (examples/study-*.toml) run small, as docs/studies.md tells a user to try them:
+# not in make test (about 7 min more on its two workers, past its 40 minutes); 5 min here alone on two.
+test-studies: images
+	$(PYTEST) -n 2 --dist loadgroup -q -rs --durations=0 -m study
 
 # Fault injection (tests/support/chaos.py, long configuration): kills, a full results disk, PVE
 # emulator and libvirt failures; prints a table and totals, exits non-zero on any leak or lost sample.
