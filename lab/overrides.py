@@ -9,6 +9,7 @@ with its overrides, written out as TOML), so `lab reproduce` and the report see 
 
 from __future__ import annotations
 
+import copy
 import tomllib
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -30,6 +31,19 @@ class Override:
     def key(self) -> str:
         return ".".join(self.path)
 
+    @property
+    def shown(self) -> Any:
+        """The value as an error may print it: never a secret's."""
+        return REDACTED if is_secret(self.key) else self.value
+
+
+REDACTED = "<redacted>"
+
+
+def is_secret(key: str) -> bool:
+    """A key that holds a secret's reference (or, pasted by mistake, the secret itself)."""
+    return any(name in key for name in secrets.KEYS)
+
 
 def parse(text: str, source: str) -> Override:
     """Pure: one `KEY=VALUE` -> an Override. A ConfigError names --set, the key and what is wrong;
@@ -40,7 +54,7 @@ def parse(text: str, source: str) -> Override:
         raise ConfigError(source, "--set", None, "expected KEY=VALUE (TOML), e.g. suite.repetitions=2")
     if "\n" in key:
         raise ConfigError(source, "--set", None, "one line: a key and its value, no line breaks")
-    shown = "<redacted>" if any(name in key for name in secrets.KEYS) else value
+    shown = REDACTED if is_secret(key) else value
     if "\n" in value or "\r" in value:
         raise ConfigError(source, f"--set {key}", shown, "one line: a key and its value, no line breaks")
     try:
@@ -71,25 +85,17 @@ def _leaf_path(doc: dict[str, Any]) -> tuple[str, ...]:
 
 def apply(data: dict[str, Any], overrides: Sequence[Override], source: str) -> dict[str, Any]:
     """Pure: a copy of a parsed lab.toml with each override's value put at its key (tables made as needed)."""
-    out = _copy(data)
+    out = copy.deepcopy(data)
     for o in overrides:
         node = out
         for depth, part in enumerate(o.path[:-1]):
             child = node.setdefault(part, {})
             if not isinstance(child, dict):
                 where = ".".join(o.path[: depth + 1])
-                raise ConfigError(source, f"--set {o.key}", o.value, f"{where} is not a table in the file")
+                raise ConfigError(source, f"--set {o.key}", o.shown, f"{where} is not a table in the file")
             node = child
         node[o.path[-1]] = o.value
     return out
-
-
-def _copy(node: Any) -> Any:
-    if isinstance(node, dict):
-        return {k: _copy(v) for k, v in node.items()}
-    if isinstance(node, list):
-        return [_copy(v) for v in node]
-    return node
 
 
 def owner(key: str, overrides: Sequence[Override]) -> Override | None:

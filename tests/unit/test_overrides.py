@@ -50,6 +50,13 @@ def test_a_malformed_override_is_one_error_naming_set(text, key, fragment):
     assert e.value.key == key and fragment in str(e.value) and "\n" not in str(e.value)
 
 
+def test_a_secret_is_never_echoed_where_the_file_has_no_table_for_it():
+    data = {"hosts": {"pve1": {"backend": "proxmox", "token": "env:PVE_TOKEN"}}}
+    with pytest.raises(ConfigError) as e:
+        overrides.apply(data, [overrides.parse('hosts.pve1.token.x="s3cret-v4lue"', "f")], "f")
+    assert "s3cret" not in str(e.value) and "hosts.pve1.token is not a table" in str(e.value)
+
+
 def test_a_secret_is_never_echoed_by_a_malformed_override():
     for text in ("hosts.pve1.token=s3cret-v4lue", "hosts.pve1.password=s3cret v4lue", "s3cret-v4lue"):
         with pytest.raises(ConfigError) as e:
