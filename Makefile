@@ -66,15 +66,21 @@ run: images
 # on four workers it took 252 s and slowed the build from 233 to 306 s (fresh clone, 2026-12-03),
 # so it stays on two here. The build's output is printed once it ends.
 FAST := not vm and not image and not root and not serial and not packer_modern and not browser and not study
+#
+# The three passes' labs share one store of warm snapshots ($$LAB_TESTS_WARM_DIR, the hosts'
+# warm_dir: tests/support/local.py), so each machine shape is booted and saved once, not per test;
+# removed when make test ends, passed or failed.
 test: setup
-	@set -e; log=$$(mktemp); trap 'rm -f "$$log"' EXIT; \
+	@set -e; log=$$(mktemp); warm=$$(mktemp -d /var/tmp/lab-warm-XXXXXX); export LAB_TESTS_WARM_DIR=$$warm; \
+	trap 'rm -rf "$$log" "$$warm"' EXIT; \
 	$(MAKE) --no-print-directory images >"$$log" 2>&1 & build=$$!; \
 	fast=0; { $(MAKE) --no-print-directory lint && \
 		$(PYTEST) -n 2 --dist loadgroup -q -rsR --update-durations -m '$(FAST)'; } || fast=$$?; \
 	image=0; wait $$build || image=$$?; cat "$$log"; \
 	if [ $$image != 0 ]; then echo "make images failed (exit $$image)"; exit $$image; fi; \
-	exit $$fast
-	$(PYTEST) -n 2 --dist loadgroup --no-loadscope-reorder -q -rsR --durations=25 --update-durations -m '(vm or image or root or browser) and not serial and not packer_modern and not study'
+	if [ $$fast != 0 ]; then exit $$fast; fi; \
+	$(PYTEST) -n 2 --dist loadgroup --no-loadscope-reorder -q -rsR --durations=25 --update-durations \
+		-m '(vm or image or root or browser) and not serial and not packer_modern'; \
 	$(PYTEST) -n 0 -q -rsR --durations=10 --update-durations -m serial
 
 # Static checks; no VM, no image, no root: about 9 s with cold caches, 3 s warm, on 2 cores.
@@ -147,8 +153,8 @@ packer-modern: venv
 test-packer-modern: packer-modern
 	LAB_PACKER_MODERN=$(PACKER_MODERN) $(PYTEST) -n 0 -q -rs --durations=0 -m packer_modern
 
-# The studies' labs (examples/study-*.toml) run small, as docs/studies.md tells a user to try them:
-# not in make test (about 7 min more on its two workers, past its 40 minutes); 5 min here alone on two.
+# The studies' labs (examples/study-*.toml) run small, as docs/studies.md tells a user to try them,
+# alone (make test runs them too, in its VM pass).
 test-studies: images
 	$(PYTEST) -n 2 --dist loadgroup -q -rs --durations=0 -m study
 

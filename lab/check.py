@@ -487,13 +487,12 @@ def check_isolation(cfg: LabConfig, cells: list[plan.Cell]) -> None:
     boxed = [c for c in cells if c.isolation == Isolation.CONTAINER]
     if not boxed and not (cfg.suite.bare_metal and Isolation.CONTAINER in cfg.matrix.isolation):
         return
-    runtimes = tuple(sorted({c.runtime for c in boxed}, key=str))
     bare = any(  # the bare-metal host's podman container cell (its docker one is n/a anyway)
         u.kind == plan.BARE_METAL and u.isolation == Isolation.CONTAINER and u.runtime == Runtime.PODMAN
         for u in plan.units(cfg)
     )
     for i, wl in enumerate(cfg.suite.workloads):
-        why = isolation.workload_problem(own_containers(cfg, wl), runtimes=runtimes, bare_metal=bare)
+        why = isolation.workload_problem(own_containers(cfg, wl), bare_metal=bare)
         if why:
             raise ConfigError(src, f"suite.workloads[{i}]", wl, f"cannot run inside a container cell: {why}")
 

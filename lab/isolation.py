@@ -13,9 +13,10 @@
 
 scp's load, the machine's sshd, is an sshd the container runs (a workload's traits: serves_ssh).
 Workloads that start containers themselves (their traits: makes_containers, container_places:
-podman-build, container-start, git-clone's container places) run inside a podman container cell
-with nested podman (run_argv's `nested`, made only when the cell's suite has one): the container is
-privileged, has a store of its own, and sees the machine's images read-only.
+podman-build, container-start, git-clone's container places) run inside a container cell, podman's
+or docker's, with nested podman (run_argv's `nested`, made only when the cell's suite has one): the
+container is privileged, has a store of its own, and sees the machine's podman images read-only.
+Inside a docker cell, then, a build or a start is podman's (docker's own daemon is not nested).
 
 The container is the lab's base image (localhost/lab-base: imported into root's podman and docker
 stores when the golden image is built; on a machine whose docker store lacks it, from BASE_TARBALL
@@ -149,14 +150,12 @@ def os_problem(kind: Isolation, os_name: str) -> str:
     return ""
 
 
-def workload_problem(what: str, *, runtimes: tuple[Runtime, ...] = (Runtime.PODMAN,), bare_metal: bool = False) -> str:
+def workload_problem(what: str, *, bare_metal: bool = False) -> str:
     """Pure: why a workload that starts containers of its own (`what`: why it does, from
-    Workload.own_containers; "" when it does not) cannot run inside the container cells of
-    `runtimes` (and the bare-metal host's container cell, if there is one) ("" if it can)."""
+    Workload.own_containers; "" when it does not) cannot run inside the container cells (a VM's,
+    podman's or docker's, get nested podman; the bare-metal host's cannot) ("" if it can)."""
     if not what:
         return ""
-    if Runtime.DOCKER in runtimes:
-        return f"{what}, and podman inside a docker container is not set up (matrix.runtime has docker)"
     if bare_metal:
         return (
             f"{what}, and nested containers on the bare-metal host would make cgroups outside the cell's "
@@ -212,7 +211,8 @@ def run_argv(
     `host_cgroup`: the container stays in the caller's cgroup (the bare-metal cell's, whose CPU
     accounting reads it) instead of getting one of its own (podman only). `sysctls`: set in the
     container's own network namespace (network "bridge" only: "host" shares the machine's).
-    `nested`: the machine's directory of nested_setup: podman inside the container (podman only).
+    `nested`: the machine's directory of nested_setup: podman inside the container (either runtime's:
+    the options are the same to both CLIs).
     `sshd`: the container will run an sshd of its own (a workload's traits: serves_ssh)."""
     if network not in NETWORKS:
         raise ValueError(f"network must be one of {', '.join(NETWORKS)}, got {network!r}")
@@ -231,8 +231,6 @@ def run_argv(
     argv += [a for k, v in sorted(labels.items()) for a in ("--label", f"{k}={v}")]
     argv += [a for d in (*binds, *(SSHD_BINDS if sshd else ())) for a in ("--volume", f"{d}:{d}:ro")]
     if nested:
-        if runtime != Runtime.PODMAN:
-            raise ValueError("nested containers are set up for podman only")
         argv.append("--privileged")
         argv += [a for k, f in NESTED_ENV.items() for a in ("--env", f"{k}={NESTED_ETC}/{f}")]
         argv += ["--volume", f"{nested}/etc:{NESTED_ETC}:ro", "--volume", f"{nested}/store:{MACHINE_STORE}"]
@@ -427,10 +425,8 @@ def enter(
     rt = RUNTIMES[runtime]
     if host_cgroup and isinstance(rt.host_cgroup, str):
         raise Unavailable(f"isolation container, runtime {runtime.value}: {rt.host_cgroup}")
-    if nested and (runtime != Runtime.PODMAN or host_cgroup):  # lab.check refuses these plans
-        raise Unavailable(
-            f"isolation container, runtime {runtime.value}: nested containers are set up only for podman in a VM"
-        )
+    if nested and host_cgroup:  # lab.check refuses these plans
+        raise Unavailable(f"isolation container, runtime {runtime.value}: nested containers are set up only in a VM")
     if machine.run(f"command -v {rt.command}", timeout=30, check=False).returncode != 0:
         raise Unavailable(f"isolation container: {rt.command} is not installed on {where}")
     facts: dict[str, Any] = {"kind": kind.value, "runtime": runtime.value, "image": BASE_IMAGE}

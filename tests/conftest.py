@@ -4,6 +4,8 @@ Real parts only: VM tests boot the golden image built by `make images`."""
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -34,6 +36,24 @@ def module_workdir():
     from support.local import own_workdir
 
     yield from own_workdir()
+
+
+WARM_MADE = pytest.StashKey[str]()
+
+
+def pytest_configure(config):
+    # one warm snapshot store for the session (support.local.WARM_ENV), unless make test gave one to
+    # all its passes; made here, on the controller, before xdist starts the workers that inherit it
+    from support.local import WARM_ENV
+
+    if not hasattr(config, "workerinput") and os.geteuid() == 0 and not os.environ.get(WARM_ENV):
+        os.environ[WARM_ENV] = config.stash[WARM_MADE] = tempfile.mkdtemp(prefix="lab-warm-", dir="/var/tmp")
+
+
+def pytest_unconfigure(config):
+    made = config.stash.get(WARM_MADE, None)
+    if made:
+        shutil.rmtree(made, ignore_errors=True)
 
 
 def pytest_sessionfinish(session):

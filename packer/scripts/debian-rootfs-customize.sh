@@ -68,6 +68,8 @@ if [ -n "${LAB_CONTAINER_TARBALL:-}" ]; then
     rm -rf "$root/run/containers" "$root/run/libpod" "$root/var/lib/containers/storage/overlay/backingFsBlockDev"
     # ... and into docker's (overlay2), by a dockerd of the rootfs run here for the import alone
     # (3 s natively; ~90 s in the TCG build VM): no bridge, no iptables, its own socket and pid file;
+    # no IP forwarding either (with the host's net.ipv4.ip_forward at 0 it would set it, and the
+    # chroot's /proc/sys is read-only: "Enabling IP forwarding failed", the build stopped there);
     # it refuses to start without the host's cgroups (mmdebstrap's /sys has none mounted: in_chroot
     # binds them). What it leaves in /run goes; its network state goes too
     # (the guest's dockerd makes its own).
@@ -76,7 +78,7 @@ if [ -n "${LAB_CONTAINER_TARBALL:-}" ]; then
         zstd -dc "$LAB_CONTAINER_TARBALL" | in_chroot sh -c '
             sock=unix:///run/lab-seed-docker.sock
             dockerd --host "$sock" --pidfile /run/lab-seed-dockerd.pid --bridge=none --iptables=false \
-                --ip6tables=false --ip-masq=false --storage-driver=overlay2 >/run/lab-seed-dockerd.log 2>&1 &
+                --ip6tables=false --ip-masq=false --ip-forward=false --storage-driver=overlay2 >/run/lab-seed-dockerd.log 2>&1 &
             i=0
             until docker --host "$sock" version >/dev/null 2>&1; do
                 i=$((i + 1))

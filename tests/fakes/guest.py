@@ -151,7 +151,7 @@ class FakeGuest:
             self.containers.pop(argv[-1], None)
             return argv[-1] + "\n", 0
         if argv[1] == "info":  # podman in a container made for it (lab.isolation's nested), or on the machine
-            made = next((c for c in self.commands if re.match(rf"podman run .*--name {self.within} ", c)), "")
+            made = next((c for c in self.commands if re.match(rf"(podman|docker) run .*--name {self.within} ", c)), "")
             nested = "overlay cgroupfs\nlabnest0 10.90.0.0/24\n"
             return (nested, 0) if not inside or " --privileged " in made else ("", 125)
         if argv[1] == "ps":

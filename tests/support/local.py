@@ -22,6 +22,17 @@ from lab.model import CloneKind, VmSpec
 # single-threaded is ~1.3x slower alone: a boot ~25 s against ~19 s)
 TCG_THREADS = "single" if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1 else "multi"
 
+# The tests' labs share one store of warm snapshots ([hosts.NAME] warm_dir): each machine shape is
+# booted and saved once for all of make test's passes (the Makefile makes it) or for one pytest
+# session (tests/conftest.py), not once per test. Tests of warm start itself keep their own
+# (local_backend below, tests/vm/test_warm_start.py).
+WARM_ENV = "LAB_TESTS_WARM_DIR"
+
+
+def warm_dir_line() -> str:
+    d = os.environ.get(WARM_ENV)
+    return f'warm_dir = "{d}"\n' if d else ""
+
 
 def own_workdir():
     """The `workdir` fixture's body. At teardown, passed or failed, whatever runs of the directory
@@ -69,6 +80,7 @@ def local_table(workdir: Path) -> str:
     """The tests' `[hosts.local]` table: its state in `workdir`, its guests as TCG_THREADS says."""
     return (
         f'[hosts.local]\nbackend = "local"\nworkdir = "{workdir}"\nboot_timeout = 300\ntcg_threads = "{TCG_THREADS}"\n'
+        + warm_dir_line()
     )
 
 

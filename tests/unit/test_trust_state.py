@@ -278,6 +278,11 @@ def test_check_makes_no_workdir_and_refuses_one_others_may_write_to(tmp_path, mo
         UsageError, match=r"host 'local': workdir .*shared is writable by its group \(mode 0775\): refusing it"
     ):
         backend_in(tmp_path / "shared", accel="tcg").check()
+    # a warm_dir shared by workdirs: root restores guest memory found there, so the same rule
+    with pytest.raises(
+        UsageError, match=r"host 'local': warm_dir .*shared is writable by its group \(mode 0775\): refusing it"
+    ):
+        backend_in(tmp_path / "new" / "work", accel="tcg", warm_dir=str(tmp_path / "shared")).check()
 
 
 def test_the_kvm_verdict_is_read_and_written_without_following_links(tmp_path):
@@ -298,6 +303,8 @@ def test_the_kvm_verdict_is_read_and_written_without_following_links(tmp_path):
         ("workdir", "/", "directory of its own"),
         ("workdir", "/var/tmp/../etc", "directory of its own"),
         ("workdir", "/var/tmp/a\nb", "control character"),
+        ("warm_dir", "relative/dir", "absolute path"),
+        ("warm_dir", "/", "directory of its own"),
         ("subnet", "10.77.0.0", "first three octets"),
         ("subnet", "10.300.0", "first three octets"),
         ("subnet", "127.0.0", "usable unicast"),

@@ -237,7 +237,7 @@ def test_store_finds_a_whole_snapshot_and_names_what_is_damaged(tmp_path):
 
 def test_snapshots_are_listed_for_images_ls_and_gc_but_are_no_runs_leftovers(tmp_path):
     backend = local.LocalBackend("local", local.Settings(backend="local", workdir=str(tmp_path)))
-    store = warm.WarmStore(tmp_path)
+    store = warm.WarmStore(tmp_path / warm.STORE)
     key = key_of(spec(memory_mib=4))
     fake_snapshot(store, key)
     (store.root / f"{key.name}.lock").touch()
@@ -247,6 +247,23 @@ def test_snapshots_are_listed_for_images_ls_and_gc_but_are_no_runs_leftovers(tmp
     assert backend.list_owned() == []  # gc of runs never sees them
     backend.warm.remove(owned)
     assert backend.warm.snapshots() == [] and not store.path(key).exists()
+
+
+def test_two_workdirs_with_one_warm_dir_share_its_snapshots_and_not_their_own(tmp_path):
+    shared = tmp_path / "shared"
+
+    def backend(name: str, **kw) -> local.LocalBackend:
+        return local.LocalBackend("local", local.Settings(backend="local", workdir=str(tmp_path / name), **kw))
+
+    a, b = backend("a", warm_dir=str(shared)), backend("b", warm_dir=str(shared))
+    key = key_of(spec(memory_mib=4))
+    fake_snapshot(warm.WarmStore(shared), key)
+    fake_snapshot(warm.WarmStore(tmp_path / "a" / warm.STORE), key_of(spec(memory_mib=8)))  # a's own: unused
+    assert [o.name for o in a.warm.snapshots()] == [o.name for o in b.warm.snapshots()] == [key.name]
+    assert [o.name for o in backend("a").warm.snapshots()] == [key_of(spec(memory_mib=8)).name]
+    (owned,) = b.warm.snapshots()
+    b.warm.remove(owned)  # gone for both
+    assert a.warm.snapshots() == []
 
 
 # -- the guest agent's protocol --------------------------------------------------------------------------------

@@ -200,3 +200,52 @@ def test_workloads_that_start_containers_run_inside_a_bridge_container_cell(brid
     assert got[("git-clone", "clone_mb_s_default")].value > 0
     assert got[("scp", "throughput_mb_s_rx")].value > 0 and box["sshd"]["port"] == 2222  # through the published port
     assert leftovers(workdir, run.id) == []
+
+
+# A docker cell whose workloads start containers: podman nested in docker's container, as in
+# podman's (the same options to both CLIs). One build step by step and one start of each kind, on
+# a restored guest: what is checked is that they measure inside docker's isolation, not their size.
+DOCKER_NESTED_SUITE = """
+workloads = ["podman-build", "container-start"]
+repetitions = 1
+warmup = 0
+[suite.params.podman-build]
+files = 30
+file_kib = 16
+commits = 2
+engines = ["podman"]
+network = ["host"]
+[suite.params.container-start]
+engines = ["podman"]
+runtime = ["crun"]
+network = ["default", "host"]
+runs = 1
+warmup = 0
+"""
+
+
+@pytest.mark.timeout(1800)
+def test_a_docker_cell_builds_and_starts_containers_with_podman_nested_inside(golden, workdir, tmp_path):
+    matrix = 'isolation = ["container"]\nruntime = ["docker"]\nstart = ["warm"]\n'
+    cfg = write_lab(tmp_path, workdir, matrix=matrix, suite=DOCKER_NESTED_SUITE)
+    res = run_lab_cli("run", "-c", str(cfg), timeout=1700)
+    assert res.returncode == 0, res.stderr[-3000:]
+    store = Store(tmp_path / "results")
+    (run,) = store.runs()
+    (cell,) = store.cells(run.id)
+    assert cell.status == "done", cell.error
+    box = cell.facts["isolation"]
+    assert box["runtime"] == "docker" and box["inside"] == "/.dockerenv present", box
+    assert box["nested"]["driver"] == "overlay" and box["nested"]["cgroup_manager"] == "cgroupfs", box
+    got = {(s.workload, s.metric): s for s in store.samples(run.id)}
+    assert {s.labels.get("container") for s in got.values()} == {box["id"][:12]}  # all measured inside it
+    assert {s.labels.get("container_runtime") for s in got.values()} == {"docker"}
+    steps = ("from", "packages", "clone", "make", "install", "copy", "extra", "commit")
+    step = {st: got[("podman-build", f"{st}_seconds_podman-host")].value for st in steps}
+    build = got[("podman-build", "build_seconds_podman-host")].value
+    assert all(v >= 0 for v in step.values()) and step["make"] > 0, step  # every step measured, no n/a
+    assert build >= sum(step[st] for st in steps[1:]), (build, step)
+    start = {n: got[("container-start", f"start_ms_crun-{n}-persistent")].value for n in ("default", "host")}
+    assert all(v > 0 for v in start.values()), start
+    print(f"docker cell, podman nested: build {build:.1f} s {step}; start (ms) {start}")  # for the record (-s)
+    assert leftovers(workdir, run.id) == []

@@ -1,5 +1,6 @@
 """Reliability on real VMs: a run killed with SIGKILL resumes only its unfinished cells; two labs at
-once do not collide."""
+once do not collide. Their machines are warm starts (restores of the suite's shared snapshots,
+tests/support/local.py): what is tested is the run's bookkeeping, not a boot."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ threads = [1]
 @pytest.mark.vm
 @pytest.mark.image
 def test_resume_after_kill_9_reruns_only_unfinished_cells(golden, workdir, tmp_path):
-    cfg = write_lab(tmp_path, workdir, matrix='nic = ["virtio", "e1000"]\n', suite=SUITE)
+    cfg = write_lab(tmp_path, workdir, matrix='nic = ["virtio", "e1000"]\nstart = ["warm"]\n', suite=SUITE)
     p = subprocess.Popen(
         [*LAB, "run", "-c", str(cfg)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
     )
@@ -68,7 +69,7 @@ def test_resume_after_kill_9_reruns_only_unfinished_cells(golden, workdir, tmp_p
 @pytest.mark.vm
 @pytest.mark.image
 def test_two_labs_at_once_do_not_collide(golden, workdir, tmp_path):
-    cfg = write_lab(tmp_path, workdir, matrix='nic = ["virtio"]\n', suite=SUITE)
+    cfg = write_lab(tmp_path, workdir, matrix='nic = ["virtio"]\nstart = ["warm"]\n', suite=SUITE)
     procs = [
         subprocess.Popen([*LAB, "run", "-c", str(cfg)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         for _ in range(2)

@@ -2,10 +2,11 @@
 way their pages tell a user to try them first: the file itself, made small with `--set` (fewer
 repetitions, shorter loads, only the cells this machine can run), then the `lab compare` the file's
 comments give. What each study measures must come out with figures, both container engines included,
-and n/a only where this machine says why. The web study's small run is in make test
-(test_isolation_vm.py); these three are `make test-studies` (marked `study`): on a fresh clone they
-took 291, 169 and 66 s on the two workers and pushed make test from 2,325 to about 2,760 s, past
-its 40 minutes, while test_apps_lab already runs podman-build and container-start with both engines.
+and n/a only where this machine says why. The web study's small run is test_isolation_vm.py's.
+Their machines are warm starts (`--set 'matrix.start=["warm"]'`, restores of the suite's shared
+snapshots: tests/support/local.py), which is how they fit in make test: on a fresh clone, booted
+cold, these three took 291, 169 and 66 s of the two workers and pushed make test past its 40
+minutes. Marked `study` too: `make test-studies` runs them alone.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ def run_small(study: str, tmp_path: Path, workdir: Path, sets: list[str]):
     """`lab run` of examples/<study>.toml as written, its local host this test's, made small by `sets`."""
     lab = tmp_path / f"{study}.toml"
     lab.write_text((EXAMPLES / f"{study}.toml").read_text() + "\n" + local_table(workdir))
-    args = [a for s in sets for a in ("--set", s)]
+    args = [a for s in [*sets, 'matrix.start=["warm"]'] for a in ("--set", s)]
     res = run_lab_cli("run", "-c", str(lab), *args, cwd=tmp_path, timeout=1500)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     store = Store(tmp_path / "results")
@@ -69,6 +70,7 @@ def test_study_build_small_podman_and_docker_build_the_same_containerfile_step_b
     )
     (cell,) = store.cells(run.id)
     assert cell.status == "done", cell.error
+    assert cell.facts["start"] == "warm", cell.facts["start"]
     build = by_metric(store, run.id, "podman-build")
     for engine in ("podman", "docker"):  # the same Containerfile, both engines of the image, no n/a
         tag = f"{engine}-host"
@@ -157,7 +159,7 @@ def test_study_wan_small_buffers_over_a_100_ms_path_iperf3_beside_scp(golden, wo
     ]
     for c in cells.values():  # the path and the buffers, as the guest read them back
         assert c.facts["tuning"]["wan"]["netem"]["delay_ms"] == 100.0, c.facts["tuning"]
-        assert c.facts["start"] == "warm"  # the second cell a restore of the first's snapshot
+        assert c.facts["start"] == "warm"  # restores of one snapshot
     assert cells["wan-16m"].facts["tuning"]["effective"]["net.core.rmem_max"] == "16777216"
     got = {}
     for s in store.samples(run.id):

@@ -45,7 +45,7 @@ class Snapshots:
 
     def __init__(self, workdir: Path, golden):
         self.workdir, self.golden = workdir, golden
-        self.store = warm.WarmStore(workdir)
+        self.store = warm.WarmStore(workdir / warm.STORE)
 
     def find(self, nic: NicModel, memory: int) -> Path | None:
         for snap in self.store.snapshots():
@@ -67,7 +67,7 @@ class Snapshots:
     def copy_into(self, workdir: Path, nic: NicModel = NicModel.VIRTIO, memory: int = 1024) -> Path:
         """A private copy of the snapshot of that shape in `workdir`'s store, made first if need be."""
         src = self.find(nic, memory) or self.build(nic, memory)
-        return copy(src, warm.WarmStore(workdir).ensure())
+        return copy(src, warm.WarmStore(workdir / warm.STORE).ensure())
 
     def build(self, nic: NicModel, memory: int) -> Path:
         backend = local_backend(self.workdir)

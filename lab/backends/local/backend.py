@@ -100,6 +100,8 @@ class LocalBackend(Backend):
             raise UsageError(f"host {self.host_name!r}: the local backend needs root for network namespaces and taps")
         # Checked, not made: exit 2 means nothing was created (open_run makes it)
         statedir.check(self.workdir, self._workdir_what)
+        if self.settings.warm_dir:
+            statedir.check(Path(self.settings.warm_dir), f"host {self.host_name!r}: warm_dir")
         if self.settings.accel == "auto":  # the KVM probe's verdict is kept there
             statedir.check(self.env.state_dir)
 

@@ -44,13 +44,22 @@ class Settings(HostSettings):
             "directory); must be this user's alone"
         ),
     )
+    # several workdirs (labs, CI jobs) may share one store: a shape is then booted and saved once for
+    # them all; root restores what is found there, so the same ownership rule as the workdir's holds
+    warm_dir: str | None = Field(
+        default=None,
+        description=(
+            'warm start\'s snapshots (default: "warm" in the workdir); several workdirs may share one, so each '
+            "machine shape is booted and saved once for all; must be this user's alone"
+        ),
+    )
     subnet: str = Field(
         default="10.77.0",
         description="first three octets of the run's /24 inside its own network namespace (bridge .1, VMs .10-.249)",
     )
     boot_timeout: float = Field(default=240.0, gt=0, le=3600, description="seconds a VM may take to boot and answer")
 
-    @field_validator("workdir")
+    @field_validator("workdir", "warm_dir")
     @classmethod
     def _workdir(cls, v: str | None) -> str | None:
         # `~` expanded, absolute (lab.paths): the same rule as every state directory of the lab's

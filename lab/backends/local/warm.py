@@ -6,7 +6,8 @@ mapping: the file is the RAM), up to LAB-READY; the guest agent waits for the bo
 syncs the disks; the agent's port stays connected (a port closed at save time makes the restored
 agent back off for seconds); QEMU stops the guest and saves the device state alone
 (`x-ignore-shared`: the RAM stays in its file). The overlay disk of that boot is then frozen.
-Snapshots live in `<workdir>/warm/<name>/` (disk.qcow2, ram, state, meta.json), root only.
+Snapshots live in `<workdir>/warm/<name>/` (disk.qcow2, ram, state, meta.json), root only, or under the
+host's `warm_dir`, which several workdirs may share.
 
 A clone of it: a linked overlay on the frozen disk, the RAM file mapped private (copy on write:
 the file never changes, clones share its unwritten pages), `-incoming defer` and the state restored
@@ -184,10 +185,11 @@ class Snapshot:
 
 
 class WarmStore:
-    """`<workdir>/warm/`: one directory per snapshot, a lock file per key while it is built."""
+    """`root` (`<workdir>/warm/` or the host's warm_dir): one directory per snapshot, a lock file per
+    key while it is built."""
 
-    def __init__(self, workdir: Path):
-        self.root = Path(workdir) / STORE
+    def __init__(self, root: Path):
+        self.root = Path(root)
 
     def ensure(self) -> Path:
         self.root.mkdir(parents=True, exist_ok=True)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
+from pathlib import Path
 
 from lab import runlock
 from lab.backends.local import host, layout, warm
@@ -19,6 +20,7 @@ from lab.model import CloneKind, ImageRef, Owned, VmSpec
 class WarmStart:
     def __init__(self, machines: Machines):
         self.machines, self.settings, self.workdir = machines, machines.settings, machines.workdir
+        self.root = Path(self.settings.warm_dir) if self.settings.warm_dir else self.workdir / warm.STORE
         self._failed: dict[str, str] = {}  # snapshot name -> why it is not used again by this process
 
     def snapshot_for(self, image: ImageRef, spec: VmSpec) -> tuple[warm.Snapshot | None, str]:
@@ -32,7 +34,7 @@ class WarmStart:
         key = warm.shape_key(spec, accel=self.machines.accel(image), qemu=qemu_version(), backend=self.machines.backend)
         if key.name in self._failed:
             return None, self._failed[key.name]
-        store = warm.WarmStore(self.workdir)
+        store = warm.WarmStore(self.root)
         try:
             store.ensure()
             with runlock.exclusive(
@@ -98,18 +100,19 @@ class WarmStart:
     def drop(self, name: str, why: str) -> None:
         """A snapshot QEMU could not load: removed (a later run rebuilds it), not rebuilt in this one."""
         self._failed[name] = why
-        warm.WarmStore(self.workdir).remove(name)
+        warm.WarmStore(self.root).remove(name)
 
     def snapshots(self) -> list[Owned]:
-        """Each snapshot of this workdir: name = its shape, detail = the digest (sha256) of the image
-        it was made from; `lab gc` removes those whose image is gone."""
+        """Each snapshot of its store (this workdir's, or the warm_dir it shares): name = its shape,
+        detail = the digest (sha256) of the image it was made from; `lab gc` removes those whose
+        image is gone."""
         return [
             Owned(self.machines.backend, "warm", s.name, "", 0.0, str(s.meta.get("image_digest", "")))
-            for s in warm.WarmStore(self.workdir).snapshots()
+            for s in warm.WarmStore(self.root).snapshots()
         ]
 
     def remove(self, item: Owned) -> None:
-        store = warm.WarmStore(self.workdir)
+        store = warm.WarmStore(self.root)
         with runlock.exclusive(
             store.root / f"{item.name}.lock",
             what=f"a build of warm snapshot {item.name}",
