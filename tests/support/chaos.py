@@ -4,7 +4,8 @@
     python tests/support/chaos.py --config long    # `make chaos`
 
 Faults (each injected for real into a `lab run` subprocess while the store says it has reached
-the moment; the local backend boots the golden image under QEMU):
+the moment; the local backend boots the golden image under QEMU, or, for a fault after the boot,
+restores the tests' shared warm snapshot of it):
   kill-orchestrator-boot      SIGKILL of `lab run` while its QEMU boots (the QEMU is orphaned)
   kill-orchestrator-workload  SIGKILL of `lab run` after a repetition was stored, mid-workload
   guest-killed (long)         the guest's QEMU process killed (SIGKILL) mid-workload
@@ -182,7 +183,7 @@ def kill_when(sc: Scenario, row: Row, what: str, pred) -> tuple[set[tuple], str]
 
 
 def kill_orchestrator(sc: Scenario, row: Row, moment: str) -> None:
-    sc.write()
+    sc.write(warm=moment != "boot")  # the boot's kill needs a boot
     if moment == "boot":  # QEMU is up, the guest not yet ready
         before, rid = kill_when(
             sc,
@@ -218,7 +219,7 @@ def kill_with_client_vm(sc: Scenario, row: Row) -> None:
 
 def mid_workload(sc: Scenario, row: Row, inject, *, reps: int | None = None) -> None:
     """Start a run, wait for a stored repetition of c01, inject, let the run end by itself."""
-    sc.write(reps=reps)
+    sc.write(reps=reps, warm=True)
     p = sc.start()
     before: set[tuple] = set()
     try:

@@ -146,8 +146,17 @@ class Scenario:
         self.libvirt_dir: Path | None = None
 
     def write(
-        self, *, hosts: str = "", matrix: str = 'nic = ["virtio"]', reps: int | None = None, lab: str = ""
+        self,
+        *,
+        hosts: str = "",
+        matrix: str = 'nic = ["virtio"]',
+        reps: int | None = None,
+        lab: str = "",
+        warm: bool = False,
     ) -> None:
+        """The scenario's lab.toml. `warm`: its local cells are restores of the tests' shared
+        snapshot of the 2-vCPU shape most tests use (a fault after the boot needs no boot of its own)."""
+        shape = 'vcpus = [2]\nmemory_mib = [1024]\nstart = ["warm"]\n' if warm else "vcpus = [1]\nmemory_mib = [768]\n"
         self.toml.write_text(
             textwrap.dedent(f"""
             [lab]
@@ -158,11 +167,8 @@ class Scenario:
             """)
             + local_table(self.workdir)
             + textwrap.dedent(hosts)
-            + textwrap.dedent("""
-            [matrix]
-            vcpus = [1]
-            memory_mib = [768]
-            """)
+            + "\n[matrix]\n"
+            + shape
             + matrix
             + "\n[suite]"
             + SUITE.format(reps=reps or self.cfg.reps, seconds=self.cfg.seconds)

@@ -84,11 +84,16 @@ def local_table(workdir: Path) -> str:
     )
 
 
-def local_backend(workdir: Path):
-    """A local backend of tests with its state in `workdir`, its guests as TCG_THREADS says."""
+def local_backend(workdir: Path, *, shared_warm: bool = False):
+    """A local backend of tests with its state in `workdir`, its guests as TCG_THREADS says; with
+    `shared_warm`, its warm snapshots in the tests' shared store (else in `workdir`)."""
     from lab.backends import local
 
-    return local.LocalBackend("local", local.Settings(backend="local", workdir=str(workdir), tcg_threads=TCG_THREADS))
+    warm_dir = os.environ.get(WARM_ENV) if shared_warm else None
+    return local.LocalBackend(
+        "local",
+        local.Settings(backend="local", workdir=str(workdir), tcg_threads=TCG_THREADS, warm_dir=warm_dir),
+    )
 
 
 def write_lab(tmp_path: Path, workdir: Path, *, matrix: str = "", suite: str = "", extra: str = "") -> Path:
@@ -113,10 +118,10 @@ def write_lab(tmp_path: Path, workdir: Path, *, matrix: str = "", suite: str = "
 
 
 @contextlib.contextmanager
-def local_run(workdir: Path):
+def local_run(workdir: Path, *, shared_warm: bool = False):
     """A run of the local backend without the runner: (backend, run id, client); the VM the test
     made is destroyed (put it in the yielded dict as "vm"), then the run's namespace."""
-    backend = local_backend(workdir)
+    backend = local_backend(workdir, shared_warm=shared_warm)
     backend.check()
     run_id = os.urandom(4).hex()
     made: dict = {"backend": backend, "run_id": run_id, "client": backend.open_run(run_id), "vm": None}

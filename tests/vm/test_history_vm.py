@@ -34,6 +34,8 @@ from lab.wait import wait_until
 
 pytestmark = [pytest.mark.vm, pytest.mark.image, pytest.mark.root, pytest.mark.serial]
 
+# the shape's snapshot is made in make test's parallel pass (tests/vm/test_reliability_vm.py's two
+# labs at once), so the first run here restores it too
 MATRIX = """
 nic = ["virtio"]
 vcpus = [1]

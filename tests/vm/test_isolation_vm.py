@@ -26,7 +26,8 @@ STUDY = Path(__file__).parents[2] / "examples" / "study-web.toml"
 # One repetition: three cells (the VM, podman's container, docker's) and what each is asserted on
 # needs no second one; the docker cell's daemon start (~15 s under TCG alone) is paid in its tune stage.
 # warm: the three cells' machines are restores of one snapshot (one boot, not three); the
-# containers are made in the restored guest as in a cold one (the bridge cell below boots cold)
+# containers are made in the restored guest as in a cold one (the snapshot is of a guest just
+# booted, before any container)
 STUDY_SMALL = [
     'matrix.host=["local"]',  # pve1 and bsd1 are the study's other hypervisors, not here
     "matrix.exclude=[]",
@@ -159,10 +160,10 @@ network = ["default"]
 
 @pytest.fixture(scope="module")
 def bridge_cell(golden, tmp_path_factory, module_workdir):
-    """One `lab run` the two bridge-container tests below only read (one boot, one container set-up
-    instead of two): its one cell a container on podman's bridge in a VM tuned with wan-16m,
+    """One `lab run` the two bridge-container tests below only read (one restore, one container
+    set-up instead of two): its one cell a container on podman's bridge in a VM tuned with wan-16m,
     measuring http and the workloads that start containers. (workdir, store, run, box)."""
-    matrix = 'isolation = ["container"]\ntuning = ["wan-16m"]\n'
+    matrix = 'isolation = ["container"]\ntuning = ["wan-16m"]\nstart = ["warm"]\n'
     tmp = tmp_path_factory.mktemp("bridge")
     store, run, box = one_bridge_container_cell(tmp, module_workdir, matrix, BRIDGE_SUITE)
     return module_workdir, store, run, box

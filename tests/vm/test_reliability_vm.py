@@ -69,7 +69,10 @@ def test_resume_after_kill_9_reruns_only_unfinished_cells(golden, workdir, tmp_p
 @pytest.mark.vm
 @pytest.mark.image
 def test_two_labs_at_once_do_not_collide(golden, workdir, tmp_path):
-    cfg = write_lab(tmp_path, workdir, matrix='nic = ["virtio"]\nstart = ["warm"]\n', suite=SUITE)
+    # the serial history test's shape (1 vCPU, 512 MiB): its snapshot is made here, in the parallel
+    # pass, by one of the two runs while the other waits for it, and the serial pass only restores it
+    matrix = 'nic = ["virtio"]\nvcpus = [1]\nmemory_mib = [512]\nstart = ["warm"]\n'
+    cfg = write_lab(tmp_path, workdir, matrix=matrix, suite=SUITE)
     procs = [
         subprocess.Popen([*LAB, "run", "-c", str(cfg)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         for _ in range(2)

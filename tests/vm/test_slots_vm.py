@@ -18,7 +18,8 @@ def test_two_slots_boot_two_local_guests_at_once(golden, workdir, tmp_path):
         tmp_path,
         workdir,
         extra="slots = 2\n",
-        matrix='nic = ["virtio", "e1000"]\nvcpus = [1]\nmemory_mib = [768]\n',
+        # warm: restores of the tests' shared snapshots (two machines up at once is what is tested)
+        matrix='nic = ["virtio", "e1000"]\nstart = ["warm"]\n',
         suite='workloads = ["idle"]\nrepetitions = 2\nwarmup = 0\nquiet_host = "record"\n'
         "[suite.params.idle]\nduration = 3\n",
     )
@@ -32,6 +33,7 @@ def test_two_slots_boot_two_local_guests_at_once(golden, workdir, tmp_path):
     facts = {c.cell_id: c.facts for c in store.cells(run.id)}
     assert facts["c01"]["verified"]["nic_driver"] == "virtio_net"
     assert facts["c02"]["verified"]["nic_driver"] == "e1000"
+    assert facts["c01"]["start"] == facts["c02"]["start"] == "warm"
     busy = {(s.cell_id, s.metric) for s in store.samples(run.id)}
     assert {("c01", "cpu_busy_pct"), ("c02", "cpu_busy_pct")} <= busy
     assert leftovers(workdir, run.id) == []
