@@ -14,12 +14,16 @@ PVE starts a template clone (`qm showcmd`, reduced):
 - the guest agent: with `agent` enabled, a virtio-serial port `org.qemu.guest_agent.0` on a unix
   socket; `network-get-interfaces` is asked of the real qemu-guest-agent in the guest (`guest_agent`).
 QEMU is stopped with lab.backends.local's own `stop_process`.
+
+With `warm_dir`, a VM of a shape the local backend has a warm snapshot of is restored instead of
+booted (warmguest.py says how, and what the lab sees of it: nothing).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import shutil
 import socket
@@ -30,17 +34,26 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import unquote
 
-from support.local import TCG_THREADS
+from support.local import TCG_THREADS, WARM_ENV
 
 from lab import images, proc
 from lab.backends.local import NIC_DEVICE, QEMU, disk_args, machine_args, stop_process
+from lab.backends.local.warm import WarmUnusable
 from lab.errors import LabError
 from lab.model import Accel, DiskBus, ImageRef, NicModel
+
+from .warmguest import WarmGuests
 
 OVMF_CODE = Path("/usr/share/OVMF/OVMF_CODE_4M.fd")
 OVMF_VARS = Path("/usr/share/OVMF/OVMF_VARS_4M.fd")
 
 NET0 = re.compile(r"^(?P<model>[a-z0-9]+)=(?P<mac>[0-9A-Fa-f:]{17})")
+
+
+def _set_event() -> threading.Event:
+    event = threading.Event()
+    event.set()
+    return event
 
 
 @dataclass
@@ -54,6 +67,12 @@ class QemuGuest:
     ip: str
     interfaces: list[dict] | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
+    # a restored guest: set once it has its identity (until then its agent is "not running"); its
+    # finishing thread; how it started ("cold", "warm", or "cold: why" after a failed restore)
+    ready: threading.Event = field(default_factory=_set_event)
+    finisher: threading.Thread | None = None
+    start: str = "cold"
+    stopped: bool = False
 
     @property
     def pid(self) -> int:
@@ -77,6 +96,7 @@ class QemuBacking:
         prefix: int = 24,
         accel: Accel = Accel.TCG,
         tcg_threads: str = TCG_THREADS,
+        warm_dir: str | Path | None = None,
     ):
         self.image, self.netns, self.workdir, self.key = image, netns, Path(workdir), Path(key)
         self.subnet, self.bridge, self.prefix, self.accel = subnet, bridge, prefix, accel
@@ -84,6 +104,10 @@ class QemuBacking:
         self.tcg_threads = tcg_threads
         self.gateway = f"{subnet}.1"
         self.workdir.mkdir(parents=True, exist_ok=True)
+        self.warm = (
+            WarmGuests(image, warm_dir=Path(warm_dir), accel=accel, tcg_threads=tcg_threads) if warm_dir else None
+        )
+        self.starts: list[str] = []  # how each stopped guest had started (QemuGuest.start), in order
 
     def dhcp_address(self, vmid: int) -> str:
         return f"{self.subnet}.{200 + vmid % 50}"
@@ -169,16 +193,68 @@ class QemuBacking:
         tap = f"pvetap{vmid}"
         proc.run(["ip", "-n", self.netns, "tuntap", "add", tap, "mode", "tap"], what="tap add")
         try:
-            proc.run(["ip", "-n", self.netns, "link", "set", tap, "master", self.bridge, "up"], what="tap up")
-            with open(vmdir / "qemu.log", "wb") as log:
-                p = proc.spawn(argv, netns=self.netns, stdout=log, stderr=subprocess.STDOUT)
+            if self.warm is not None and not uefi and bus == "virtio" and _enabled(config.get("agent", "0")):
+                spec = self.warm.spec(
+                    name=name, nic=NicModel(m.group("model")), vcpus=vcpus, memory=memory, ip=ip, mac=mac
+                )
+                guest = self._restore(vmid, spec, vmdir, tap, argv, prefix=prefix, gateway=gateway)
+                if guest is not None:
+                    return guest
+            return QemuGuest(vmid, name, self._boot(argv, vmdir, tap), tap, vmdir, mac, ip)
         except BaseException:
             proc.run(["ip", "-n", self.netns, "link", "del", tap], check=False)
             raise
-        return QemuGuest(vmid, name, p, tap, vmdir, mac, ip)
+
+    def _boot(self, argv: list[str], vmdir: Path, tap: str) -> subprocess.Popen:
+        """The firmware boot: the tap on the node's bridge, QEMU started."""
+        proc.run(["ip", "-n", self.netns, "link", "set", tap, "master", self.bridge, "up"], what="tap up")
+        with open(vmdir / "qemu.log", "wb") as log:
+            return proc.spawn(argv, netns=self.netns, stdout=log, stderr=subprocess.STDOUT)
+
+    def _restore(self, vmid, spec, vmdir: Path, tap: str, argv: list[str], *, prefix: int, gateway: str):
+        """A restored guest of `spec` (its identity given by a thread of its own, which boots `argv`
+        by firmware instead if that fails), or None: no snapshot of its shape, or QEMU refused it."""
+        assert self.warm is not None
+        snapshot = self.warm.find(spec)
+        if snapshot is None:
+            return None
+        # up but off the bridge while it carries the snapshot's identity (as the local backend does)
+        proc.run(["ip", "-n", self.netns, "link", "set", tap, "up"], what="tap up")
+        try:
+            restore = self.warm.begin(snapshot, spec, vmdir=vmdir, tap=tap, netns=self.netns, gateway=gateway)
+        except WarmUnusable:
+            (vmdir / "disk.qcow2").unlink(missing_ok=True)
+            return None
+        guest = QemuGuest(vmid, spec.name, restore.proc, tap, vmdir, spec.mac, spec.ip, ready=threading.Event())
+        guest.start = "warm"
+
+        def finish() -> None:
+            try:
+                self.warm.finish(restore, snapshot, spec, vmdir=vmdir, gateway=gateway, prefix=prefix)
+            except WarmUnusable as exc:
+                with guest.lock:
+                    if not guest.stopped:  # else the stop is what failed it
+                        guest.start = f"cold: {exc}"
+                        stop_process(guest.process)
+                        guest.process = self._boot(argv, vmdir, tap)
+            else:
+                with guest.lock:
+                    if not guest.stopped:
+                        proc.run(["ip", "-n", self.netns, "link", "set", tap, "master", self.bridge], check=False)
+            finally:
+                guest.ready.set()
+
+        guest.finisher = threading.Thread(target=finish, name=f"restore VM {vmid}", daemon=True)
+        guest.finisher.start()
+        return guest
 
     def stop(self, guest: QemuGuest) -> None:
-        stop_process(guest.process)
+        with guest.lock:
+            guest.stopped = True
+        stop_process(guest.process)  # a restore being finished then fails at once
+        if guest.finisher is not None:
+            guest.finisher.join(timeout=60)
+        self.starts.append(guest.start)
         proc.run(["ip", "-n", self.netns, "link", "del", guest.tap], check=False)
         for f in guest.vmdir.iterdir():
             f.unlink()
@@ -186,11 +262,24 @@ class QemuBacking:
 
     def interfaces(self, guest: QemuGuest) -> list[dict] | None:
         """The real guest agent's guest-network-get-interfaces; None while it is not up."""
+        if not guest.ready.is_set():
+            return None  # a restored guest still carrying the snapshot's identity
         with guest.lock:
             if guest.process.poll() is not None or not (guest.vmdir / "qga.sock").exists():
                 return None
             answer = guest_agent(guest.vmdir / "qga.sock", "guest-network-get-interfaces", timeout=5)
             return None if answer is None else answer.get("return")
+
+
+def restoring_backing(image: ImageRef, shapes: list[tuple[NicModel, int, int]], **kw) -> QemuBacking:
+    """A QemuBacking whose guests of `shapes` ((nic, vcpus, memory), disk on virtio0, SeaBIOS, the
+    agent on) are restores of the tests' shared warm snapshots ($LAB_TESTS_WARM_DIR), made first
+    where missing: for tests of the PVE backend, to whom how the node's guests come up is not the
+    question (each such boot was ~30 s of a core under TCG, a restore is ~2)."""
+    backing = QemuBacking(image, warm_dir=os.environ[WARM_ENV], **kw)
+    assert backing.warm is not None
+    backing.warm.prepare(shapes)
+    return backing
 
 
 def _enabled(value: object) -> bool:

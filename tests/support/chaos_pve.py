@@ -320,7 +320,10 @@ def foreign_resources(sc: Scenario, row: Row) -> None:
             sc.write(
                 hosts=pve_host(emu, inj.merged_settings())
                 + f'[hosts.kvm]\nbackend = "libvirt"\nuri = "{URI}"\ndir = "{sc.libvirt_dir}"\n',
-                matrix='host = ["local", "pve"]\nnic = ["virtio"]',
+                # the local cell a restore (no boot in the serial pass), the PVE one as PVE starts it
+                matrix='host = ["local", "pve"]\nnic = ["virtio"]\nstart = ["cold", "warm"]\n'
+                'exclude = [{ host = "local", start = "cold" }, { host = "pve", start = "warm" }]\n',
+                warm=True,
             )
             res = sc.lab("run", timeout=900)
             row.injected = True

@@ -155,8 +155,11 @@ class Scenario:
         warm: bool = False,
     ) -> None:
         """The scenario's lab.toml. `warm`: its local cells are restores of the tests' shared
-        snapshot of the 2-vCPU shape most tests use (a fault after the boot needs no boot of its own)."""
-        shape = 'vcpus = [2]\nmemory_mib = [1024]\nstart = ["warm"]\n' if warm else "vcpus = [1]\nmemory_mib = [768]\n"
+        snapshot of the 2-vCPU shape most tests use (a fault after the boot needs no boot of its own);
+        a `matrix` that names `start` itself says which cells (another host's cells boot)."""
+        shape = "vcpus = [1]\nmemory_mib = [768]\n"
+        if warm:
+            shape = "vcpus = [2]\nmemory_mib = [1024]\n" + ("" if "start =" in matrix else 'start = ["warm"]\n')
         self.toml.write_text(
             textwrap.dedent(f"""
             [lab]

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from pve_emulator import PveEmulator
 from pve_emulator.fixtures import FULL_ACL, TOKEN_ID, TOKEN_SECRET, pve_certs_fixture, pve_env_fixture  # noqa: F401
-from pve_emulator.qemu import QemuBacking
+from pve_emulator.qemu import restoring_backing
 from support.chaos_scenario import cell_state, run_id_of, wait_for
 from support.cli import LAB, run_lab_cli
 from support.local import leftovers, local_table
@@ -25,6 +25,7 @@ from test_libvirt_e2e import kvm_table, lab_bridge, leftovers as libvirt_leftove
 from test_proxmox_e2e import SUBNET, _qemus_under, node_netns, publish_template, pve_host_table  # noqa: F401
 
 from lab import IMAGES_DIR
+from lab.model import NicModel
 from lab.store import Store
 
 # timeout: the cells of four lanes boot on 2 cores under TCG, beside the other worker's VMs
@@ -65,7 +66,10 @@ def cluster(golden, pve_certs, pve_env, netns: str, monkeypatch):
     """The PVE emulator with nodes pve1 and pve2 backed by real QEMU, the golden template published
     on shared (rbd) storage. Yields (emulator, its QEMUs' directory, the host table of `pve`)."""
     pve_dir = Path(tempfile.mkdtemp(prefix="pveq", dir="/var/tmp"))
-    backing = QemuBacking(golden, netns=netns, workdir=pve_dir, key=IMAGES_DIR / "lab_key", subnet=SUBNET)
+    # the cells' shapes and the client VM's: restores of the tests' shared warm snapshots (warmguest.py);
+    # virtio 2c1024m last: the first tests of the other worker are likely building it meanwhile
+    shapes = [(NicModel.E1000, 2, 1024), (NicModel.VIRTIO, 1, 512), (NicModel.VIRTIO, 2, 1024)]
+    backing = restoring_backing(golden, shapes, netns=netns, workdir=pve_dir, key=IMAGES_DIR / "lab_key", subnet=SUBNET)
     emu = PveEmulator("8.4", pve_certs, auth_delay=0.05, backing=backing)
     emu.add_token(TOKEN_ID, TOKEN_SECRET, acl=FULL_ACL)
     try:
@@ -104,8 +108,8 @@ def write_toml(tmp_path: Path, workdir: Path, table: str, suite: str, kvm: str =
         [matrix]
         host = ["local", {'"kvm", ' if kvm else ""}"pve"]
         nic = ["e1000", "virtio"]
-        vcpus = [1]
-        memory_mib = [768]
+        vcpus = [2]
+        memory_mib = [1024]
         exclude = [{{ host = "local", nic = "virtio" }}{', { host = "kvm", nic = "virtio" }' if kvm else ""}]
         [suite]
         """)
@@ -206,6 +210,7 @@ def test_local_libvirt_and_two_pve_nodes_run_at_once_with_a_client_vm(
         assert any("pve@pve2:   c06 workloads" in line for line in lines)
         assert store.open_leases() == []
         assert emu.vm_ids() == [] and emu.guests() == []  # the client VM too
+        assert emu.backing.starts == ["warm"] * 3, emu.backing.starts  # restores, not boots (warmguest.py)
     assert leftovers(workdir, run.id) == [] and libvirt_leftovers(run.id, workdir, bridge) == []
 
 

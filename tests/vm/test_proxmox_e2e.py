@@ -4,7 +4,9 @@ The emulated node is a network namespace this test makes (bridge vmbr0 + one tap
 client side (iperf3 server, SSH) runs in the same namespace through `client_netns`. The template is
 made by the backend's own publish path (upload + import-from). Then `lab run` clones it, gives the
 guest a static address through ipconfig0, finds it through the guest agent, runs the workloads,
-stops and deletes it, and nothing is left: no VM, no volume, no QEMU, no tap, no disk file.
+stops and deletes it, and nothing is left: no VM, no volume, no QEMU, no tap, no disk file. The
+node's guest is a restore of the local tests' warm snapshot of its shape, given ipconfig0's address
+after the restore (tests/pve_emulator/warmguest.py); tests/vm/test_firmware_boot.py boots one.
 """
 
 from __future__ import annotations
@@ -20,16 +22,20 @@ from pathlib import Path
 import pytest
 from pve_emulator import PveEmulator
 from pve_emulator.fixtures import FULL_ACL, TOKEN_ID, TOKEN_SECRET, pve_certs_fixture, pve_env_fixture  # noqa: F401
-from pve_emulator.qemu import QemuBacking
+from pve_emulator.qemu import restoring_backing
 from support.cli import run_lab_cli
 
 from lab import IMAGES_DIR, proc
 from lab.backends.local import QEMU
 from lab.backends.proxmox import ProxmoxBackend
 from lab.backends.proxmox.settings import Settings
+from lab.model import NicModel
 from lab.store import Store
 
 SUBNET = "10.98.4"
+# the cells' machine shape (nic, vcpus, MiB): the local tests' own, so the node's guest is a restore of
+# their shared warm snapshot (pve_emulator.qemu.restoring_backing)
+SHAPE = {nic: (nic, 2, 1024) for nic in (NicModel.E1000, NicModel.VIRTIO)}
 
 
 @pytest.fixture
@@ -87,7 +93,9 @@ def _qemus_under(workdir: Path) -> list[int]:
 @pytest.mark.image
 def test_lab_run_against_the_emulator_end_to_end(golden, pve_certs, pve_env, node_netns, tmp_path, monkeypatch):
     workdir = Path(tempfile.mkdtemp(prefix="pveq", dir="/var/tmp"))
-    backing = QemuBacking(golden, netns=node_netns, workdir=workdir, key=IMAGES_DIR / "lab_key", subnet=SUBNET)
+    backing = restoring_backing(
+        golden, [SHAPE[NicModel.E1000]], netns=node_netns, workdir=workdir, key=IMAGES_DIR / "lab_key", subnet=SUBNET
+    )
     emu = PveEmulator("8.4", pve_certs, auth_delay=0.05, backing=backing)
     emu.add_token(TOKEN_ID, TOKEN_SECRET, acl=FULL_ACL)
     try:
@@ -104,7 +112,7 @@ def test_lab_run_against_the_emulator_end_to_end(golden, pve_certs, pve_env, nod
                 [matrix]
                 host = ["pve"]
                 nic = ["e1000"]
-                vcpus = [1]
+                vcpus = [2]
                 memory_mib = [1024]
                 [suite]
                 workloads = ["sysbench-cpu", "iperf3-tcp"]
@@ -139,7 +147,7 @@ def test_lab_run_against_the_emulator_end_to_end(golden, pve_certs, pve_env, nod
             facts = cell["facts"] if isinstance(cell["facts"], dict) else json.loads(cell["facts"])
             assert facts["address_source"] == "agent" and facts["node"] == "pve1"
             assert facts["disk_bus"] == "virtio"  # the template's scsi0, booted from virtio0
-            assert facts["verified"]["nic_driver"] == "e1000" and facts["verified"]["vcpus"] == 1
+            assert facts["verified"]["nic_driver"] == "e1000" and facts["verified"]["vcpus"] == 2
             metrics = {(s["workload"], s["metric"]) for s in doc["samples"]}
             assert any(w == "sysbench-cpu" and m.startswith("events_per_s") for w, m in metrics), metrics
             assert any(w == "iperf3-tcp" and "throughput" in m for w, m in metrics)
@@ -156,6 +164,7 @@ def test_lab_run_against_the_emulator_end_to_end(golden, pve_certs, pve_env, nod
             # nothing left: VMs, volumes, QEMU, taps, files
             assert emu.vm_ids() == [] and emu.guests() == []
             assert [v for v in emu.volume_ids()] == []
+            assert backing.starts == ["warm"]  # the node's guest was a restore (warmguest.py), not a boot
         assert _qemus_under(workdir) == []
         links = proc.run(["ip", "-n", node_netns, "-o", "link", "show"]).stdout
         assert "pvetap" not in links, links
@@ -181,7 +190,9 @@ def test_lab_run_on_the_emulator_with_a_client_machine_over_ssh(
     proc.run(["ip", "-n", node_netns, "addr", "add", f"{machine}/24", "dev", "vmbr0"])
     workdir = Path(tempfile.mkdtemp(prefix="pveq", dir="/var/tmp"))
     sshd = Sshd(workdir / "machine", netns=node_netns, address=machine)
-    backing = QemuBacking(golden, netns=node_netns, workdir=workdir, key=IMAGES_DIR / "lab_key", subnet=SUBNET)
+    backing = restoring_backing(
+        golden, [SHAPE[NicModel.VIRTIO]], netns=node_netns, workdir=workdir, key=IMAGES_DIR / "lab_key", subnet=SUBNET
+    )
     emu = PveEmulator("8.4", pve_certs, auth_delay=0.05, backing=backing)
     emu.add_token(TOKEN_ID, TOKEN_SECRET, acl=FULL_ACL)
     env = {"LAB_TEST_PVE_TOKEN": f"{TOKEN_ID}={TOKEN_SECRET}"}
@@ -201,7 +212,7 @@ def test_lab_run_on_the_emulator_with_a_client_machine_over_ssh(
                 [matrix]
                 host = ["pve"]
                 nic = ["virtio"]
-                vcpus = [1]
+                vcpus = [2]
                 memory_mib = [1024]
                 [suite]
                 workloads = ["iperf3-tcp", "http"]
@@ -235,6 +246,7 @@ def test_lab_run_on_the_emulator_with_a_client_machine_over_ssh(
             raws = [raw for _, _, _, raw in store.raw_outputs(run.id) if raw.workload == "iperf3-tcp"]
             assert raws and all(raw.params["client_address"] == machine for raw in raws)
             assert store.open_leases() == [] and emu.vm_ids() == [] and emu.guests() == []
+            assert backing.starts == ["warm"]
         assert _qemus_under(workdir) == []
     finally:
         sshd.stop()
