@@ -23,16 +23,17 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-import time
 from dataclasses import replace
 from pathlib import Path
+
+from support.local import make_spec
 
 from lab.backends import local
 from lab.backends.local import warm
 from lab.backends.local.qemu import boot_files, qemu_argv, qemu_version
 from lab.backends.local.vms import Machines
 from lab.errors import LabError
-from lab.model import Accel, CloneKind, DiskBus, ImageRef, NicModel, VmSpec
+from lab.model import Accel, ImageRef, NicModel, VmSpec
 
 RESTORE_TIMEOUT = 120.0  # the state's load and the identity's fixup, on a busy 2-core host
 
@@ -43,22 +44,8 @@ class WarmGuests:
         self.store = warm.WarmStore(Path(warm_dir))
 
     def spec(self, *, name: str, nic: NicModel, vcpus: int, memory: int, ip: str = "", mac: str = "") -> VmSpec:
-        """A machine of the local backend's warm shape (disk on virtio, a linked clone)."""
-        return VmSpec(
-            name=name,
-            run_id="emulated",
-            cell_id="c01",
-            image=self.image,
-            nic=nic,
-            vcpus=vcpus,
-            memory_mib=memory,
-            disk_bus=DiskBus.VIRTIO,
-            clone=CloneKind.LINKED,
-            start="warm",
-            ip=ip,
-            mac=mac,
-            expires_at=time.time() + 900,
-        )
+        """A machine of the local backend's warm shape (disk on virtio, a linked clone) named `name`."""
+        return replace(make_spec(self.image, "emulated", nic, vcpus, memory, start="warm", ip=ip, mac=mac), name=name)
 
     def prepare(self, shapes: list[tuple[NicModel, int, int]]) -> None:
         """Make sure the store has a snapshot of each (nic, vcpus, memory): the local backend builds
@@ -82,8 +69,7 @@ class WarmGuests:
             backend.open_run(run_id)
             try:
                 for nic, vcpus, memory in shapes:
-                    spec = self.spec(name=f"lab-{run_id}-c01", nic=nic, vcpus=vcpus, memory=memory)
-                    spec = replace(spec, run_id=run_id)
+                    spec = make_spec(self.image, run_id, nic, vcpus, memory, start="warm")
                     snapshot, why = backend.warm.snapshot_for(self.image, spec)
                     if snapshot is None:
                         raise LabError(f"no warm snapshot of {nic.value} {vcpus}c{memory}m: {why}")
